@@ -1,0 +1,43 @@
+# The README's commands. Everything lives in .venv; each target sets it up first and a second
+# run only re-installs when pyproject.toml or TORCH changed.
+#   make lab    JupyterLab on notebooks/, bound to 127.0.0.1
+#   make test   lint + the whole test suite
+#   make bench  the benchmarks in benchmarks/
+# TORCH picks the torch build: the default is the CPU wheel this machine has on disk. For ROCm:
+#   make lab TORCH="torch --index-url https://download.pytorch.org/whl/rocm6.4"
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.monarch-installed
+WANT = $(TORCH) | $(shell cat pyproject.toml | cksum)
+
+.PHONY: setup lab test lint bench clean
+
+setup:
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@if [ "$$(cat $(STAMP) 2>/dev/null)" != "$(WANT)" ]; then \
+		set -e; \
+		$(PY) -m pip install -q -U pip; \
+		$(PY) -m pip install -q $(TORCH); \
+		$(PY) -m pip install -q -e '.[dev]'; \
+		echo "$(WANT)" > $(STAMP); \
+	fi
+
+lab: setup
+	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint
+	$(PY) -m pytest
+
+bench: setup
+	@$(PY) -c "import ipyparallel, monarch" 2>/dev/null || $(PY) -m pip install -q -e '.[dev,bench]'
+	$(PY) benchmarks/bench_dispatch.py
+	$(PY) -m monarch_kernels.bench
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,170 @@
+"""Making or joining a cluster.
+
+A local cluster has one worker process per visible GPU, each pinned to exactly its GPU so that
+``cuda:0`` inside the worker is that GPU; with no GPU it has CPU workers. Every ROCm/CUDA
+difference in pinning lives here: the variable that pins (``HIP_VISIBLE_DEVICES`` on ROCm,
+``CUDA_VISIBLE_DEVICES`` on NVIDIA, or whichever one the user already narrowed) and how GPUs are
+counted (``/sys/class/kfd`` on ROCm, ``/proc/driver/nvidia`` on NVIDIA), both read without
+importing torch so that start-up stays quick.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_CPU_WORKERS = 2
+
+
+@dataclass(frozen=True)
+class GpuInventory:
+    """The GPUs this process may use: ``vendor`` is ``"rocm"``, ``"cuda"`` or ``None``;
+    ``ids`` are the values to put in the pinning variable, one per GPU."""
+
+    vendor: str | None
+    ids: tuple[str, ...] = ()
+    variable: str | None = None
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    name: int
+    env: dict[str, str] = field(default_factory=dict)
+    gpu: str | None = None
+
+
+def _visible(env: Mapping[str, str], name: str) -> list[str] | None:
+    value = env.get(name)
+    if value is None:
+        return None
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _count_rocm(root: Path) -> int:
+    # Each KFD topology node is an agent; GPUs have a non-zero simd_count, CPUs have zero.
+    nodes = root / "sys/class/kfd/kfd/topology/nodes"
+    count = 0
+    for props in sorted(nodes.glob("*/properties")):
+        for line in props.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "simd_count" and value.strip() not in ("", "0"):
+                count += 1
+    return count
+
+
+def _count_nvidia(root: Path) -> int:
+    return len(list((root / "proc/driver/nvidia/gpus").glob("*")))
+
+
+def detect_gpus(env: Mapping[str, str] | None = None, root: str | Path = "/") -> GpuInventory:
+    """The GPUs visible to this process, honouring any visibility variable already set."""
+    env = os.environ if env is None else env
+    root = Path(root)
+    rocm, nvidia = _count_rocm(root), _count_nvidia(root)
+    if rocm:
+        # HIP honours CUDA_VISIBLE_DEVICES as well; pin with whichever the user narrowed.
+        for var in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+            ids = _visible(env, var)
+            if ids is not None:
+                return GpuInventory("rocm", tuple(ids), var)
+        rocr = _visible(env, "ROCR_VISIBLE_DEVICES")
+        n = len(rocr) if rocr is not None else rocm
+        return GpuInventory("rocm", tuple(str(i) for i in range(n)), "HIP_VISIBLE_DEVICES")
+    if nvidia:
+        ids = _visible(env, "CUDA_VISIBLE_DEVICES")
+        if ids is None:
+            ids = [str(i) for i in range(nvidia)]
+        return GpuInventory("cuda", tuple(ids), "CUDA_VISIBLE_DEVICES")
+    return GpuInventory(None)
+
+
+def plan_workers(
+    inventory: GpuInventory, workers: int | None = None, cpu: bool = False, threads: int = 1
+) -> list[WorkerPlan]:
+    """One plan per worker process: its rank (= worker name) and the environment it starts with."""
+    if workers is not None and workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {workers}")
+    if threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {threads}")
+    base = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    if cpu or not inventory.ids:
+        n = workers or DEFAULT_CPU_WORKERS
+        env = dict(base)
+        if inventory.variable:
+            env[inventory.variable] = ""  # hide the GPUs from CPU workers
+        return [WorkerPlan(i, dict(env)) for i in range(n)]
+    n = workers or len(inventory.ids)
+    if n > len(inventory.ids):
+        raise ValueError(
+            f"asked for {n} workers but {len(inventory.ids)} GPUs are visible; "
+            f"use --workers {len(inventory.ids)} or add --cpu for CPU workers"
+        )
+    return [
+        WorkerPlan(i, {**base, inventory.variable: gpu}, gpu)
+        for i, gpu in enumerate(inventory.ids[:n])
+    ]
+
+
+def start_local(plans: list[WorkerPlan], threads: int = 1):
+    """A SpecCluster with its scheduler in this process and one nanny per plan, on 127.0.0.1."""
+    from distributed import Nanny, Scheduler, SpecCluster
+
+    scheduler = {
+        "cls": Scheduler,
+        "options": {
+            "host": "127.0.0.1",
+            "port": 0,
+            "dashboard_address": "127.0.0.1:0",
+        },
+    }
+    workers = {
+        plan.name: {
+            "cls": Nanny,
+            "options": {
+                "name": plan.name,
+                "nthreads": threads,
+                "host": "127.0.0.1",
+                "env": plan.env,
+                "dashboard": False,
+                "silence_logs": logging.WARNING,
+            },
+        }
+        for plan in plans
+    }
+    return SpecCluster(
+        workers=workers,
+        scheduler=scheduler,
+        silence_logs=logging.WARNING,
+        name="monarch-nb",
+    )
+
+
+def load_factory(spec: str):
+    """``module:factory`` -> the cluster object the factory returns (dask-jobqueue, KubeCluster, …)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(
+            f"--cluster takes module:factory (for example mysite:make_cluster), got {spec!r}"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"--cluster {spec}: cannot import {module_name!r}: {e}") from None
+    try:
+        factory = getattr(module, attr)
+    except AttributeError:
+        raise ValueError(f"--cluster {spec}: {module_name} has no attribute {attr!r}") from None
+    try:
+        cluster = factory() if callable(factory) else factory
+    except Exception as e:
+        raise ValueError(f"--cluster {spec}: the factory raised {type(e).__name__}: {e}") from None
+    if not hasattr(cluster, "scheduler_address"):
+        raise ValueError(
+            f"--cluster {spec} returned {type(cluster).__name__}, not a distributed cluster "
+            "(it needs a scheduler_address)"
+        )
+    return cluster

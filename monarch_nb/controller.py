@@ -1,0 +1,612 @@
+"""The single controller: the Dask client, the rank table, dispatch to ranks, gathering, interrupt.
+
+``up()`` and ``connect()`` make one and make it current; the magics drive the current one, and
+scripts and tests can use the object directly::
+
+    ctl = monarch_nb.up(workers=2, cpu=True)
+    ctl.run("x = rank * 10")
+    ctl.pull("x")            # ValueMesh({0: 0, 1: 10})
+    ctl.down()
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import contextlib
+import contextvars
+import itertools
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import cloudpickle
+
+from . import cluster as clusters
+from . import remote
+from .engine import PLUGIN_NAME, EnginePlugin
+from .links import Link, RankInfo, Request, Router
+from .output import Renderer
+from .results import CellError, CellTimeout, RemoteError, UnserializableResult, ValueMesh
+from .targets import format_ranks, parse_targets
+
+INTERRUPT_GRACE = 1.5  # seconds the ranks get to stop after an interrupt before we give up
+SETUP_TIMEOUT = 300
+
+_current: Controller | None = None
+
+
+class ClusterError(RuntimeError):
+    """A cluster could not be made, joined or used; the message says what to do."""
+
+
+def current() -> Controller | None:
+    return _current
+
+
+def _set_current(ctl: Controller | None) -> None:
+    global _current
+    _current = ctl
+
+
+def _check_not_up() -> None:
+    if _current is not None and not _current.closed:
+        raise ClusterError(
+            "a cluster is already up; use %monarch down first (or %monarch restart for fresh workers)"
+        )
+
+
+def up(workers: int | None = None, cpu: bool = False, threads: int = 1) -> Controller:
+    """Start a local cluster, one worker per visible GPU (or 2 CPU workers), and control it."""
+    _check_not_up()
+    plans = clusters.plan_workers(clusters.detect_gpus(), workers=workers, cpu=cpu, threads=threads)
+    from distributed import Client
+
+    cluster = clusters.start_local(plans, threads=threads)
+    try:
+        client = Client(cluster, set_as_default=False)
+        ctl = Controller(client, cluster=cluster, owns_cluster=True, expected=len(plans))
+    except BaseException:
+        cluster.close()
+        raise
+    _set_current(ctl)
+    return ctl
+
+
+def connect(
+    address: str | None = None,
+    scheduler_file: str | None = None,
+    cluster: Any = None,
+    timeout: float = 8,
+    workers: int | None = None,
+) -> Controller:
+    """Join a running scheduler (address or scheduler file) or any ``distributed`` cluster object
+    (dask-jobqueue, dask-kubernetes, LocalCluster...); ``cluster`` may be ``"module:factory"``."""
+    _check_not_up()
+    from distributed import Client
+
+    if sum(x is not None for x in (address, scheduler_file, cluster)) != 1:
+        raise ClusterError("connect needs exactly one of ADDRESS, --scheduler-file or --cluster")
+    if isinstance(cluster, str):
+        cluster = clusters.load_factory(cluster)
+    try:
+        if cluster is not None:
+            client = Client(cluster, set_as_default=False, timeout=timeout)
+        elif scheduler_file is not None:
+            client = Client(scheduler_file=scheduler_file, set_as_default=False, timeout=timeout)
+        else:
+            client = Client(address, set_as_default=False, timeout=timeout)
+    except OSError as e:
+        where = address or scheduler_file or getattr(cluster, "scheduler_address", cluster)
+        raise ClusterError(f"cannot reach a Dask scheduler at {where}: {e}") from None
+    expected = workers
+    if expected is None and cluster is not None and getattr(cluster, "worker_spec", None):
+        expected = len(cluster.worker_spec)
+    try:
+        ctl = Controller(client, cluster=cluster, owns_cluster=False, expected=expected)
+    except BaseException:
+        client.close()
+        raise
+    _set_current(ctl)
+    return ctl
+
+
+class Controller:
+    """Drives the ranks of one cluster from this process."""
+
+    def __init__(self, client, cluster=None, owns_cluster=False, expected: int | None = None):
+        self.client = client
+        self.cluster = cluster
+        self.owns_cluster = owns_cluster
+        self.id = uuid.uuid4().hex
+        self.closed = False
+        self.ranks: list[RankInfo] = []
+        self._router = Router()
+        self._links: dict[int, Link] = {}
+        self._cells = itertools.count(1)
+        self._loop = client.loop.asyncio_loop
+        self.client.register_plugin(EnginePlugin(), name=PLUGIN_NAME)
+        self._attach(self._wait_for_workers(expected or 1, timeout=60))
+
+    # -- the rank table -----------------------------------------------------------------------
+    def _wait_for_workers(self, n: int, timeout: float) -> dict[str, dict]:
+        deadline = time.monotonic() + timeout
+        while True:
+            workers = self.client.scheduler_info(n_workers=-1)["workers"]
+            if len(workers) >= n:
+                return workers
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"only {len(workers)} of {n} workers joined within {timeout:.0f} s"
+                )
+            time.sleep(0.05)
+
+    @staticmethod
+    def rank_table(workers: Mapping[str, dict], previous: list[RankInfo] | None = None):
+        """Ranks in a deterministic order: worker names 0..N-1 where the cluster gave them (a
+        local cluster, and across restarts), else sorted by host, then address."""
+        entries = [(addr, w.get("name", addr), w.get("host", "")) for addr, w in workers.items()]
+        names = [name for _, name, _ in entries]
+        if previous:
+            order = {p.name: p.rank for p in previous}
+            if set(names) == set(order):
+                entries.sort(key=lambda e: order[e[1]])
+                return Controller._with_local_ranks(entries)
+        if sorted(n for n in names if isinstance(n, int)) == list(range(len(entries))):
+            entries.sort(key=lambda e: e[1])
+        else:
+            entries.sort(key=lambda e: (e[2], e[0]))
+        return Controller._with_local_ranks(entries)
+
+    @staticmethod
+    def _with_local_ranks(entries) -> list[RankInfo]:
+        per_host: dict[str, int] = {}
+        table = []
+        for rank, (addr, name, host) in enumerate(entries):
+            local = per_host.get(host, 0)
+            per_host[host] = local + 1
+            table.append(RankInfo(rank, name, addr, host, local))
+        return table
+
+    def _attach(self, workers: Mapping[str, dict]) -> None:
+        self.ranks = self.rank_table(workers, previous=self.ranks or None)
+        if not self.ranks:
+            raise ClusterError("the cluster has no workers; scale it up and connect again")
+        self._links = {info.rank: Link(info, self._router) for info in self.ranks}
+        setup = Request("setup", [i.rank for i in self.ranks])
+        self._router.add(setup)
+
+        async def open_all():
+            args = self.client.connection_args
+            await asyncio.gather(
+                *(
+                    link.open(self.id, len(self.ranks), setup.id, args)
+                    for link in self._links.values()
+                )
+            )
+            for link in self._links.values():
+                link.reader = asyncio.ensure_future(link.read_forever())
+
+        self._on_loop(open_all(), timeout=30)
+        outcomes = self._gather(
+            setup, Renderer(setup.ranks), deadline=time.monotonic() + SETUP_TIMEOUT
+        )
+        failed = {r: ev for r, ev in outcomes.items() if ev["status"] != "ok"}
+        if failed:
+            rank, ev = next(iter(failed.items()))
+            raise ClusterError(f"rank {rank} failed to start its engine: {_why(ev)}")
+
+    def _on_loop(self, coro, timeout: float | None = None):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def scheduler_address(self) -> str:
+        return self.client.scheduler.address
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ClusterError("this cluster is down; start one with %monarch up")
+
+    # -- dispatch and gathering ---------------------------------------------------------------
+    def _submit(
+        self,
+        kind: str,
+        ranks: list[int],
+        msg: dict[str, Any] | None = None,
+        per_rank: Mapping[int, dict[str, Any]] | None = None,
+    ) -> Request:
+        req = Request(kind, ranks)
+        self._router.add(req)
+        for rank in ranks:
+            body = {**(msg or {}), **((per_rank or {}).get(rank, {})), "id": req.id}
+            self._loop.call_soon_threadsafe(self._links[rank].send, body)
+        return req
+
+    def _gather(
+        self,
+        req: Request,
+        renderer: Renderer,
+        deadline: float | None = None,
+        outcomes: dict[int, dict] | None = None,
+    ) -> dict[int, dict]:
+        """Events of ``req`` until every rank is done; raises TimeoutError at ``deadline``."""
+        outcomes = {} if outcomes is None else outcomes
+        try:
+            while len(outcomes) < len(req.ranks):
+                wait = 0.1 if deadline is None else min(0.1, max(0.0, deadline - time.monotonic()))
+                try:
+                    rank, ev = req.events.get(timeout=wait)
+                except Exception:
+                    renderer.tick()
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise TimeoutError from None
+                    continue
+                if ev["ev"] == "done":
+                    outcomes[rank] = ev
+                else:
+                    renderer.feed(rank, ev)
+        finally:
+            renderer.close()
+        return outcomes
+
+    def _collect(self, req: Request, renderer: Renderer, timeout: float | None = None):
+        """Gather a request; on Ctrl-C or timeout interrupt the ranks still running."""
+        outcomes: dict[int, dict] = {}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            self._gather(req, renderer, deadline, outcomes)
+            return outcomes, None
+        except KeyboardInterrupt:
+            reason = "interrupted"
+        except TimeoutError:
+            reason = "timeout"
+        running = [r for r in req.ranks if r not in outcomes]
+        self._send_interrupt(running, req.id)
+        with contextlib.suppress(KeyboardInterrupt, TimeoutError):
+            self._gather(req, renderer, time.monotonic() + INTERRUPT_GRACE, outcomes)
+        return outcomes, (reason, running)
+
+    def _send_interrupt(self, ranks: Iterable[int], target: str | None = None) -> None:
+        for rank in ranks:
+            self._loop.call_soon_threadsafe(
+                self._links[rank].send, {"op": "interrupt", "target": target}
+            )
+
+    def _results(self, req: Request, outcomes: dict[int, dict], stopped=None, timeout=None):
+        values: dict[int, Any] = {}
+        errors: dict[int, RemoteError] = {}
+        for rank in req.ranks:
+            host = self.ranks[rank].host
+            ev = outcomes.get(rank)
+            if ev is None:
+                errors[rank] = RemoteError(
+                    rank,
+                    host,
+                    "StillRunning",
+                    "did not stop after the interrupt (stuck in a C call?); "
+                    "try %monarch interrupt again, or %monarch restart for fresh workers",
+                    [],
+                )
+            elif ev["status"] == "ok":
+                values[rank] = _unpack(rank, ev)
+            elif ev["status"] == "error":
+                errors[rank] = RemoteError(rank, host, **ev["error"])
+            else:
+                errors[rank] = RemoteError(
+                    rank,
+                    host,
+                    "WorkerLost" if ev["status"] == "lost" else "Cancelled",
+                    _why(ev),
+                    [],
+                )
+        if not errors:
+            return ValueMesh(values)
+        if stopped is None:
+            raise CellError(errors, ValueMesh(values), req.ranks)
+        reason, running = stopped
+        if reason == "timeout":
+            raise CellTimeout(
+                errors,
+                ValueMesh(values),
+                req.ranks,
+                f"the cell ran past --timeout {timeout:g} s; {format_ranks(running)} "
+                "were still running and were interrupted",
+            )
+        raise CellError(
+            errors, ValueMesh(values), req.ranks, f"interrupted {format_ranks(running)}"
+        )
+
+    # -- the public API -----------------------------------------------------------------------
+    def run(
+        self,
+        code: str,
+        targets=None,
+        block: bool = True,
+        timeout: float | None = None,
+        stream: bool = True,
+        collapse: bool = True,
+        quiet: bool = False,
+    ):
+        """Run ``code`` on every targeted rank; returns a ValueMesh of each rank's last
+        expression (``block=False``: a CellHandle at once)."""
+        self._check_open()
+        ranks = self.targets(targets)
+        ast.parse(code, "<cell>")  # a SyntaxError is reported before anything is sent
+        busy = self._router.busy()
+        waiting = sorted(set(busy) & set(ranks))
+        if waiting and block and not quiet:
+            import sys
+
+            print(
+                f"{format_ranks(waiting)} are busy with an earlier cell; this cell waits for "
+                "them (interrupt to cancel it)",
+                file=sys.stderr,
+            )
+        req = self._submit(
+            "execute", ranks, {"op": "execute", "code": code, "n": next(self._cells)}
+        )
+        renderer = Renderer(ranks, collapse=collapse, stream=stream)
+        if not block:
+            return CellHandle(self, req, renderer, timeout)
+        outcomes, stopped = self._collect(req, renderer, timeout)
+        return self._results(req, outcomes, stopped, timeout)
+
+    def call(self, fn, *args, targets=None, per_rank: Mapping[int, tuple] | None = None):
+        """Run ``fn(engine, *args)`` in each targeted rank's thread; a ValueMesh of the returns."""
+        self._check_open()
+        ranks = self.targets(targets)
+        if per_rank is not None:
+            blobs = {r: {"fn": cloudpickle.dumps((fn, per_rank[r]))} for r in ranks}
+            req = self._submit("call", ranks, {"op": "call"}, blobs)
+        else:
+            req = self._submit("call", ranks, {"op": "call", "fn": cloudpickle.dumps((fn, args))})
+        outcomes, stopped = self._collect(req, Renderer(ranks))
+        return self._results(req, outcomes, stopped)
+
+    def targets(self, spec=None) -> list[int]:
+        return parse_targets(spec, self.world_size)
+
+    def push(self, values: Mapping[str, Any], targets=None) -> None:
+        """Copy ``values`` (name -> object) into every targeted rank's namespace."""
+        payload = {}
+        for name, value in values.items():
+            if not name.isidentifier():
+                raise ValueError(f"cannot push to {name!r}: not a valid Python name")
+            try:
+                payload[name] = cloudpickle.dumps(value, protocol=5)
+            except Exception as e:
+                raise ValueError(
+                    f"cannot push {name!r}: {type(value).__name__} cannot be pickled ({e})"
+                ) from None
+        self.call(remote.push, payload, targets=targets)
+
+    def pull(self, names: str | list[str], targets=None) -> ValueMesh:
+        """The value of ``names`` (one name, or a list for tuples) on every targeted rank."""
+        many = not isinstance(names, str)
+        keys = list(names) if many else [names]
+        try:
+            mesh = self.call(remote.pull, keys, targets=targets)
+        except CellError as e:
+            missing = [r for r, err in e.errors.items() if err.ename == "NameError"]
+            if missing and len(missing) == len(e.errors):
+                what = ", ".join(sorted({err.evalue.split("'")[1] for err in e.errors.values()}))
+                raise NameError(f"{what} is not defined on {format_ranks(missing)}") from None
+            raise
+        return ValueMesh({r: tuple(v) if many else v[0] for r, v in mesh.items()})
+
+    def scatter(self, name: str, sequence, targets=None) -> None:
+        """Split ``sequence`` into contiguous chunks, one per targeted rank, in rank order."""
+        ranks = self.targets(targets)
+        try:
+            n = len(sequence)
+            sequence[0:0]
+        except TypeError:
+            raise TypeError(
+                f"scatter needs a sequence with len() and slicing, got {type(sequence).__name__}"
+            ) from None
+        bounds = [n * i // len(ranks) for i in range(len(ranks) + 1)]
+        chunks = {}
+        for i, rank in enumerate(ranks):
+            try:
+                chunks[rank] = ({name: cloudpickle.dumps(sequence[bounds[i] : bounds[i + 1]])},)
+            except Exception as e:
+                raise ValueError(
+                    f"cannot scatter {name!r}: its chunks cannot be pickled ({e})"
+                ) from None
+        self.call(remote.push, targets=ranks, per_rank=chunks)
+
+    def gather(self, name: str, targets=None):
+        """The rank values of ``name`` joined in rank order (lists, tuples, strings, tensors and
+        arrays are concatenated; anything else comes back as a list)."""
+        return _concat(self.pull(name, targets).values())
+
+    def interrupt(self, targets=None) -> list[int]:
+        """Raise KeyboardInterrupt in whatever cell the targeted ranks are running."""
+        ranks = self.targets(targets)
+        self._send_interrupt(ranks)
+        return ranks
+
+    def status(self) -> list[dict[str, Any]]:
+        """One row per rank: rank, host, pid, device, state, names."""
+        alive = [i.rank for i in self.ranks if i.alive]
+        req = self._submit("info", alive, {"op": "info"})
+        outcomes = self._gather(req, Renderer(alive), deadline=time.monotonic() + 5)
+        rows = []
+        now = time.time()
+        for info in self.ranks:
+            ev = outcomes.get(info.rank)
+            if ev is None or ev.get("status") != "ok":
+                rows.append(
+                    {
+                        "rank": info.rank,
+                        "host": info.host,
+                        "pid": None,
+                        "device": {},
+                        "state": "dead",
+                        "names": None,
+                    }
+                )
+                continue
+            i = ev["info"]
+            since = i["busy_since"]
+            state = "idle" if since is None else f"busy {now - since:.1f} s"
+            rows.append(
+                {
+                    "rank": info.rank,
+                    "host": i["host"],
+                    "pid": i["pid"],
+                    "device": i["device"],
+                    "state": state,
+                    "names": i["names"],
+                }
+            )
+        return rows
+
+    def reset(self, targets=None) -> list[int]:
+        """Clear the namespaces (the identity names are put back)."""
+        ranks = self.targets(targets)
+        self.call(remote.reset, targets=ranks)
+        return ranks
+
+    def restart(self) -> None:
+        """Fresh worker processes with the same ranks and empty namespaces."""
+        self._check_open()
+        self._close_links()
+        self.client.restart(wait_for_workers=True)
+        self._attach(self._wait_for_workers(len(self.ranks), timeout=60))
+
+    def _close_links(self) -> None:
+        async def close_all():
+            await asyncio.gather(
+                *(link.close() for link in self._links.values()), return_exceptions=True
+            )
+
+        with contextlib.suppress(Exception):
+            self._on_loop(close_all(), timeout=5)
+
+    def down(self) -> None:
+        """Close the connection; a cluster this controller started is shut down with it."""
+        if self.closed:
+            return
+        self.closed = True
+        self._close_links()
+        try:
+            self.client.close()
+        finally:
+            if self.owns_cluster and self.cluster is not None:
+                self.cluster.close()
+            if _current is self:
+                _set_current(None)
+
+    def __repr__(self) -> str:
+        state = "down" if self.closed else f"{self.world_size} ranks"
+        return f"<monarch_nb.Controller {state}>"
+
+
+class CellHandle:
+    """A cell started with ``block=False`` (``--noblock``): output keeps arriving while the
+    notebook stays usable."""
+
+    def __init__(self, ctl: Controller, req: Request, renderer: Renderer, timeout: float | None):
+        self._ctl, self._req = ctl, req
+        self._done = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+        ctx = contextvars.copy_context()  # so the kernel shows output in the cell that began it
+        self._thread = threading.Thread(
+            target=ctx.run,
+            args=(self._follow, renderer, timeout),
+            daemon=True,
+            name=f"monarch-{req.id}",
+        )
+        self._thread.start()
+
+    def _follow(self, renderer: Renderer, timeout: float | None) -> None:
+        try:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            outcomes: dict[int, dict] = {}
+            stopped = None
+            try:
+                self._ctl._gather(self._req, renderer, deadline, outcomes)
+            except TimeoutError:
+                running = [r for r in self._req.ranks if r not in outcomes]
+                self._ctl._send_interrupt(running, self._req.id)
+                with contextlib.suppress(TimeoutError):
+                    self._ctl._gather(
+                        self._req, Renderer(running), time.monotonic() + INTERRUPT_GRACE, outcomes
+                    )
+                stopped = ("timeout", running)
+            self._value = self._ctl._results(self._req, outcomes, stopped, timeout)
+        except BaseException as e:
+            self._error = e
+        finally:
+            self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    def result(self, timeout: float | None = None) -> ValueMesh:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"the cell is still running on {format_ranks(self._req.ranks)}")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def interrupt(self) -> None:
+        self._ctl._send_interrupt(self._req.ranks, self._req.id)
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "running"
+        return f"<CellHandle {self._req.id} on {format_ranks(self._req.ranks)}: {state}>"
+
+
+def _unpack(rank: int, ev: dict[str, Any]) -> Any:
+    if "value_error" in ev:
+        return UnserializableResult(rank, ev["value_error"])
+    if "value" not in ev:
+        return ev.get("info")
+    try:
+        return cloudpickle.loads(ev["value"])
+    except Exception as e:
+        return UnserializableResult(
+            rank, f"cannot unpickle on the controller: {type(e).__name__}: {e}"
+        )
+
+
+def _why(ev: dict[str, Any]) -> str:
+    if ev["status"] == "lost":
+        return f"the worker is gone: {ev.get('why', 'connection lost')}"
+    if ev["status"] == "cancelled":
+        return "cancelled before it started"
+    err = ev.get("error") or {}
+    return f"{err.get('ename')}: {err.get('evalue')}"
+
+
+def _concat(values: list[Any]) -> Any:
+    if not values:
+        return []
+    first = values[0]
+    if isinstance(first, list | tuple):
+        out = [x for v in values for x in v]
+        return tuple(out) if isinstance(first, tuple) else out
+    if isinstance(first, str):
+        return "".join(values)
+    mod = type(first).__module__.split(".")[0]
+    if mod == "torch":
+        import torch
+
+        return torch.cat(values)
+    if mod == "numpy":
+        import numpy
+
+        return numpy.concatenate(values)
+    return list(values)

@@ -1,0 +1,396 @@
+"""Worker side of a rank: its namespace, the thread that runs its cells, output, interrupt.
+
+A controller opens a comm straight to the worker's ``monarch_attach`` handler and keeps it; the
+handler reads requests from it on the worker's event loop and queues work for the rank's own
+thread, so a long cell never blocks the event loop (heartbeats keep flowing). ``interrupt`` and
+``info`` are answered on the loop at once, even while a cell runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import builtins
+import ctypes
+import inspect
+import linecache
+import os
+import platform
+import queue
+import socket
+import threading
+import time
+import traceback
+from typing import Any
+
+import cloudpickle
+from distributed import WorkerPlugin
+from distributed.batched import BatchedSend
+from distributed.comm import CommClosedError
+from distributed.core import Status
+
+from .capture import Outbox, capturing, current_capture, install_routers
+
+PLUGIN_NAME = "monarch-engine"
+IDENTITY = ("rank", "world_size", "local_rank", "host", "device", "display")
+CELL_PREFIX = "<monarch cell "
+
+
+def get_engine():
+    """The engine of the worker this code runs on, or None outside a monarch worker."""
+    try:
+        from distributed import get_worker
+
+        return get_worker().extensions.get("monarch")
+    except ValueError:
+        return None
+
+
+class Channel:
+    """One controller's connection to this engine."""
+
+    def __init__(self, engine: Engine, comm, controller: str):
+        self.engine = engine
+        self.comm = comm
+        self.controller = controller
+        self.batched = BatchedSend(interval=0, loop=engine.loop)
+        self.batched.start(comm)
+        self.outbox = Outbox(self._wake)
+        self._asyncio_loop = engine.loop.asyncio_loop
+
+    def _wake(self, urgent: bool) -> None:
+        self._asyncio_loop.call_soon_threadsafe(self._schedule, urgent)
+
+    def _schedule(self, urgent: bool) -> None:
+        if urgent:
+            self._flush()
+        else:
+            self._asyncio_loop.call_later(0.005, self._flush)
+
+    def _flush(self) -> None:
+        events, again = self.outbox.drain()
+        if events and not self.comm.closed():
+            try:
+                self.batched.send(*events)
+            except CommClosedError:
+                return
+        if again:
+            self._asyncio_loop.call_later(0.05, self._flush)
+
+    def reply(self, event: dict[str, Any]) -> None:
+        self.outbox.emit(event, urgent=True)
+
+
+class Engine:
+    """The rank's namespace and the thread that executes everything sent to it, in order."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self.loop = worker.loop
+        self.host = socket.gethostname()
+        self.identity: dict[str, Any] = {}
+        self.device_info: dict[str, Any] = {}
+        self.namespace: dict[str, Any] = {}
+        self.channels: dict[str, Channel] = {}
+        self._queue: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._current: str | None = None
+        self._started_at: float | None = None
+        self._in_user = False
+        self._interrupted = False
+        self._cancelled: set[str] = set()
+        self._aloop: asyncio.AbstractEventLoop | None = None
+        install_routers()
+        _install_display()
+        self._thread = threading.Thread(target=self._main, name="monarch-engine", daemon=True)
+        self._thread.start()
+
+    # -- event loop side ------------------------------------------------------------------
+    async def attach(self, comm, controller: str, **identity) -> Status:
+        channel = Channel(self, comm, controller)
+        old = self.channels.pop(controller, None)
+        if old is not None:
+            old.comm.abort()
+        self.channels[controller] = channel
+        self._queue.put((channel, {"op": "setup", "id": identity.pop("setup_id"), **identity}))
+        try:
+            while True:
+                for msg in await comm.read():
+                    self._dispatch(channel, msg)
+        except (CommClosedError, OSError):
+            pass
+        finally:
+            if self.channels.get(controller) is channel:
+                del self.channels[controller]
+        return Status.dont_reply
+
+    def _dispatch(self, channel: Channel, msg: dict[str, Any]) -> None:
+        op = msg["op"]
+        if op == "interrupt":
+            self.interrupt(msg.get("target"))
+        elif op == "info":
+            channel.reply({"ev": "done", "id": msg["id"], "status": "ok", "info": self.info()})
+        else:
+            self._queue.put((channel, msg))
+
+    def interrupt(self, cell_id: str | None = None) -> None:
+        """Raise KeyboardInterrupt in the running cell (or drop ``cell_id`` if still queued)."""
+        with self._lock:
+            if cell_id is not None and cell_id != self._current:
+                if any(m["id"] == cell_id for _, m in list(self._queue.queue)):
+                    self._cancelled.add(cell_id)
+                return
+            if self._in_user and self._thread.ident is not None:
+                self._interrupted = True
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(self._thread.ident), ctypes.py_object(KeyboardInterrupt)
+                )
+
+    def info(self) -> dict[str, Any]:
+        names = [k for k in list(self.namespace) if not k.startswith("_") and k not in IDENTITY]
+        return {
+            **self.identity,
+            "pid": os.getpid(),
+            "host": self.host,
+            "device": self.device_info,
+            "busy_since": self._started_at,
+            "current": self._current,
+            "queued": self._queue.qsize(),
+            "names": len(names),
+        }
+
+    # -- the rank's thread ----------------------------------------------------------------
+    def _main(self) -> None:
+        while True:
+            channel, msg = self._queue.get()
+            try:
+                self._handle(channel, msg)
+            except BaseException:
+                # An interrupt that arrived just after user code ended: the reply has been sent.
+                self._leave_user()
+
+    def _handle(self, channel: Channel, msg: dict[str, Any]) -> None:
+        cid = msg["id"]
+        with self._lock:
+            if cid in self._cancelled:
+                self._cancelled.discard(cid)
+                channel.reply({"ev": "done", "id": cid, "status": "cancelled"})
+                return
+            self._current, self._started_at = cid, time.time()
+        reply = {"status": "error", "error": _plain_error("interrupted before it finished")}
+        try:
+            if msg["op"] == "execute":
+                reply = self._execute(channel, msg)
+            elif msg["op"] == "call":
+                reply = self._call(channel, msg)
+            elif msg["op"] == "setup":
+                reply = self._setup(msg)
+            else:
+                reply = {"status": "error", "error": _plain_error(f"unknown op {msg['op']!r}")}
+        except Exception as e:
+            reply = {"status": "error", "error": self._format_error(e)}
+        finally:
+            with self._lock:
+                self._current = self._started_at = None
+            channel.reply({"ev": "done", "id": cid, **reply})
+
+    def _enter_user(self) -> None:
+        with self._lock:
+            self._in_user, self._interrupted = True, False
+
+    def _leave_user(self) -> None:
+        while True:
+            try:
+                with self._lock:
+                    self._in_user = False
+                    # Clear an interrupt that was sent but not yet delivered.
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                        ctypes.c_ulong(threading.get_ident()), None
+                    )
+                return
+            except KeyboardInterrupt:
+                continue
+
+    def _run_user(self, fn) -> tuple[bool, Any]:
+        """fn() as user code: interruptible, every exception caught and returned."""
+        try:
+            try:
+                self._enter_user()
+                return True, fn()
+            finally:
+                self._leave_user()
+        except BaseException as e:
+            self._leave_user()
+            return False, e
+
+    def _execute(self, channel: Channel, msg: dict[str, Any]) -> dict[str, Any]:
+        code, filename = msg["code"], f"{CELL_PREFIX}{msg.get('n', 0)}>"
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        tree = ast.parse(code, filename)
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+        body = compile(tree, filename, "exec", flags=flags)
+        expr = compile(ast.Expression(last.value), filename, "eval", flags=flags) if last else None
+        silent = code.rstrip().endswith(";")
+
+        def run():
+            self._eval(body)
+            return self._eval(expr) if expr is not None else None
+
+        with capturing(channel.outbox, msg["id"]):
+            ok, value = self._run_user(run)
+        channel.outbox.end_cell(msg["id"])
+        if not ok:
+            return {"status": "error", "error": self._format_error(value)}
+        if expr is None or silent:
+            return {"status": "ok"}
+        return {"status": "ok", **_pack(value)}
+
+    def _eval(self, code):
+        result = eval(code, self.namespace)
+        if code.co_flags & inspect.CO_COROUTINE:
+            if self._aloop is None:
+                self._aloop = asyncio.new_event_loop()
+            result = self._aloop.run_until_complete(result)
+        return result
+
+    def _call(self, channel: Channel, msg: dict[str, Any]) -> dict[str, Any]:
+        """A controller-side function run against this engine (push, pull, reset, ...)."""
+        fn, args = cloudpickle.loads(msg["fn"])
+        with capturing(channel.outbox, msg["id"]):
+            ok, value = self._run_user(lambda: fn(self, *args))
+        channel.outbox.end_cell(msg["id"])
+        if not ok:
+            return {"status": "error", "error": self._format_error(value)}
+        return {"status": "ok", **_pack(value)}
+
+    def _setup(self, msg: dict[str, Any]) -> dict[str, Any]:
+        identity = {k: msg[k] for k in ("rank", "world_size", "local_rank")}
+        identity["host"] = self.host
+        self.identity = identity
+        self.device_info = _device_info(identity["local_rank"])
+        if not self.namespace:
+            self.reset_namespace()
+        else:
+            self.namespace.update(self._identity_names())
+        return {"status": "ok", "info": self.info()}
+
+    def _identity_names(self) -> dict[str, Any]:
+        import torch
+
+        return {
+            **self.identity,
+            "device": torch.device(self.device_info["torch"]),
+            "display": display,
+        }
+
+    def reset_namespace(self) -> None:
+        self.namespace.clear()
+        self.namespace.update({"__name__": "__main__", "__builtins__": builtins})
+        self.namespace.update(self._identity_names())
+
+    def _format_error(self, exc: BaseException) -> dict[str, Any]:
+        te = traceback.TracebackException.from_exception(exc)
+        frames = list(te.stack)
+        first = next((i for i, f in enumerate(frames) if f.filename.startswith(CELL_PREFIX)), None)
+        te.stack = traceback.StackSummary.from_list(frames[first:] if first is not None else [])
+        lines = "".join(te.format()).rstrip("\n").splitlines()
+        evalue = str(exc)
+        if isinstance(exc, KeyboardInterrupt) and not evalue:
+            evalue = "interrupted"
+        return {"ename": type(exc).__name__, "evalue": evalue, "traceback": lines}
+
+
+def _plain_error(text: str) -> dict[str, Any]:
+    return {"ename": "RuntimeError", "evalue": text, "traceback": []}
+
+
+def _pack(value: Any) -> dict[str, Any]:
+    try:
+        return {"value": cloudpickle.dumps(value, protocol=5)}
+    except Exception as e:
+        return {"value_error": f"{type(value).__name__} cannot be pickled: {e}"}
+
+
+def _device_info(local_rank: int) -> dict[str, Any]:
+    import psutil
+    import torch
+
+    if torch.cuda.is_available():
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        props = torch.cuda.get_device_properties(index)
+        return {
+            "kind": "rocm" if torch.version.hip else "cuda",
+            "torch": f"cuda:{index}",
+            "name": props.name,
+            "memory": props.total_memory,
+        }
+    return {
+        "kind": "cpu",
+        "torch": "cpu",
+        "name": platform.processor() or platform.machine() or "cpu",
+        "memory": psutil.virtual_memory().total,
+    }
+
+
+# -- rich output ----------------------------------------------------------------------------
+_original_display = None
+
+
+def display(*objs, raw: bool = False, **kwargs) -> None:
+    """IPython's display() for cells on a rank: each object's mimebundle goes to the notebook."""
+    cap = current_capture()
+    if cap is None:
+        return _original_display(*objs, raw=raw, **kwargs) if _original_display else print(*objs)
+    outbox, cell_id = cap
+    for obj in objs:
+        if raw:
+            data, metadata = obj, kwargs.get("metadata") or {}
+        else:
+            data, metadata = _formatter().format(obj)
+        outbox.emit({"ev": "display", "id": cell_id, "data": data, "metadata": metadata})
+
+
+_fmt = None
+
+
+def _formatter():
+    global _fmt
+    if _fmt is None:
+        from IPython.core.formatters import DisplayFormatter
+
+        _fmt = DisplayFormatter()
+        _fmt.formatters["image/png"].for_type_by_name("matplotlib.figure", "Figure", _png)
+    return _fmt
+
+
+def _png(fig) -> bytes | None:
+    from IPython.core.pylabtools import print_figure
+
+    return print_figure(fig, "png")
+
+
+def _install_display() -> None:
+    """Make ``from IPython.display import display`` in a cell reach the notebook too."""
+    global _original_display
+    import IPython.core.display_functions as functions
+    import IPython.display
+
+    if functions.display is not display:
+        _original_display = functions.display
+        functions.display = display
+        IPython.display.display = display
+
+
+class EnginePlugin(WorkerPlugin):
+    """Gives each worker an Engine (kept across re-registration) and the attach handler."""
+
+    name = PLUGIN_NAME
+
+    def setup(self, worker) -> None:
+        engine = worker.extensions.get("monarch")
+        if engine is None:
+            os.environ.setdefault("MPLBACKEND", "Agg")
+            engine = worker.extensions["monarch"] = Engine(worker)
+        worker.handlers["monarch_attach"] = engine.attach

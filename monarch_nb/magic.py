@@ -1,0 +1,446 @@
+"""``%monarch`` and ``%%monarch``: argument parsing and showing results and errors. No cluster
+logic lives here; everything goes through the current Controller."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import tokenize
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic_arguments import (
+    MagicArgumentParser,
+    argument,
+    magic_arguments,
+    parse_argstring,
+)
+
+from . import controller as ctl_module
+from .controller import CellHandle, ClusterError
+from .results import CellSyntaxError
+from .targets import TargetError, format_ranks
+
+NO_CLUSTER = "no cluster is up; start one with %monarch up (or %monarch connect ADDRESS)"
+
+
+def _gib(n: int | None) -> str:
+    return f"{n / 2**30:.1f} GiB" if n else "?"
+
+
+def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    cells = [[str(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
+    lines += [
+        "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
+    return "\n".join(lines)
+
+
+def _device(d: dict[str, Any]) -> str:
+    if not d:
+        return "-"
+    return f"{d.get('kind', '?')}: {d.get('name', '?')} ({_gib(d.get('memory'))})"
+
+
+def _line_parser() -> MagicArgumentParser:
+    parser = MagicArgumentParser(
+        prog="%monarch",
+        add_help=True,
+        description="Control the cluster (see %monarch? for examples).",
+    )
+    sub = parser.add_subparsers(dest="command", parser_class=MagicArgumentParser, metavar="COMMAND")
+    p = sub.add_parser("up", help="start a local cluster: one worker per GPU, or 2 CPU workers")
+    p.add_argument("--workers", "-n", type=int, default=None)
+    p.add_argument("--cpu", action="store_true", help="CPU workers even where GPUs are visible")
+    p.add_argument("--threads", type=int, default=1, help="threads per worker")
+    p = sub.add_parser("connect", help="join a scheduler or wrap a distributed cluster object")
+    p.add_argument("address", nargs="?")
+    p.add_argument("--scheduler-file")
+    p.add_argument("--cluster", metavar="MODULE:FACTORY")
+    p.add_argument("--timeout", type=float, default=8)
+    p.add_argument("--workers", "-n", type=int, default=None, help="wait for this many workers")
+    for name, text in [
+        ("status", "a table of the ranks"),
+        ("down", "stop or leave the cluster"),
+        ("restart", "fresh worker processes, same ranks, empty namespaces"),
+        ("auto", "toggle: run every following cell on the workers"),
+    ]:
+        sub.add_parser(name, help=text)
+    p = sub.add_parser("reset", help="clear the namespaces")
+    _targets(p)
+    p = sub.add_parser("interrupt", help="interrupt the running cell on the ranks")
+    _targets(p)
+    p = sub.add_parser("push", help="copy names (a) or expressions (b=expr) to the ranks")
+    p.add_argument("items", nargs="+")
+    _targets(p)
+    p = sub.add_parser("pull", help="a ValueMesh of a name on every rank")
+    p.add_argument("names", nargs="+")
+    _targets(p)
+    p = sub.add_parser("scatter", help="split a sequence across the ranks")
+    p.add_argument("name")
+    p.add_argument("sequence", nargs="+")
+    _targets(p)
+    p = sub.add_parser("gather", help="join a name's values from the ranks in rank order")
+    p.add_argument("name")
+    _targets(p)
+    return parser
+
+
+def _targets(parser) -> None:
+    parser.add_argument("--targets", "-t", default=None, help="all, 0, 0,2, 1:3 or ::2")
+
+
+def split_items(text: str) -> str:
+    """``a b=f(x, y)`` -> ``a, b=f(x, y)``: whitespace at bracket depth 0 separates items."""
+    pieces: list[str] = []
+    depth, start, last_end = 0, 0, 0
+    lines = text.splitlines(keepends=True) or [""]
+    offsets = [0]
+    for line in lines:
+        offsets.append(offsets[-1] + len(line))
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER):
+                continue
+            pos = offsets[tok.start[0] - 1] + tok.start[1]
+            if depth == 0 and pos > last_end and last_end > start:
+                pieces.append(text[start:last_end])
+                start = pos
+            if tok.string in "([{" and tok.type == tokenize.OP:
+                depth += 1
+            elif tok.string in ")]}" and tok.type == tokenize.OP:
+                depth -= 1
+            last_end = offsets[tok.end[0] - 1] + tok.end[1]
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        raise UsageError(f"push: cannot read {text!r} as names and NAME=EXPR items") from None
+    pieces.append(text[start:last_end])
+    return ", ".join(p.strip().rstrip(",") for p in pieces if p.strip())
+
+
+@magics_class
+class MonarchMagics(Magics):
+    """``%monarch COMMAND`` controls the cluster; ``%%monarch`` runs a cell on every rank."""
+
+    def __init__(self, shell):
+        super().__init__(shell)
+        self.parser = _line_parser()
+        self.auto = False
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _ctl(self):
+        ctl = ctl_module.current()
+        if ctl is None or ctl.closed:
+            raise UsageError(NO_CLUSTER)
+        return ctl
+
+    def _print_ranks(self, ctl, verb: str) -> None:
+        rows = ctl.status()
+        for r in rows:
+            r["device"] = _device(r["device"])
+        dash = ""
+        with contextlib.suppress(Exception):
+            dash = f" (dashboard {ctl.client.dashboard_link})"
+        print(f"monarch-nb: {verb} {ctl.world_size} ranks at {ctl.scheduler_address}{dash}")
+        print(format_table(rows, ["rank", "host", "pid", "device"]))
+
+    # -- the magics -------------------------------------------------------------------------
+    @line_cell_magic
+    def monarch(self, line: str, cell: str | None = None):
+        """Drive the cluster from the notebook.
+
+        Line magic::
+
+            In [1]: %load_ext monarch_nb
+            In [2]: %monarch up                 # one worker per GPU; 2 CPU workers without GPUs
+            In [3]: %monarch push lr=0.1
+            In [4]: %monarch pull lr
+            Out[4]: ValueMesh({0: 0.1, 1: 0.1})
+            In [5]: %monarch status
+            In [6]: %monarch down
+
+        Commands: up, connect, status, down, restart, reset, push, pull, scatter, gather,
+        auto, interrupt (``%monarch COMMAND -h`` shows each one's options).
+
+        Cell magic (``%%monarch [--targets SPEC] [--noblock] [--out NAME] [--no-stream]
+        [--no-collapse] [--timeout S]``)::
+
+            In [7]: %%monarch
+               ...: import torch
+               ...: t = torch.ones(2) * rank
+               ...: print("sum", t.sum().item())
+               ...: t
+            [rank 0] sum 0.0
+            [rank 1] sum 2.0
+            Out[7]: ValueMesh({0: tensor([0., 0.]), 1: tensor([1., 1.])})
+        """
+        if cell is not None:
+            return self._cell(line, cell)
+        return self._line(line)
+
+    def _line(self, line: str):
+        if not line.strip():
+            raise UsageError(
+                "%monarch needs a command: up, connect, status, down, restart, "
+                "reset, push, pull, scatter, gather, auto or interrupt"
+            )
+        head, _, rest = line.strip().partition(" ")
+        if head == "push":
+            # push takes Python expressions; argparse would split them on their spaces.
+            targets, rest = _pop_targets(rest)
+            return self._push(rest, targets)
+        if head == "scatter":
+            targets, rest = _pop_targets(rest)
+            name, _, expr = rest.strip().partition(" ")
+            if not name or not expr.strip():
+                raise UsageError("usage: %monarch scatter NAME SEQUENCE [--targets SPEC]")
+            return self._guard(lambda: self._ctl().scatter(name, self._eval(expr), targets))
+        try:
+            args = self.parser.parse_argstring(line)
+        except SystemExit:  # -h printed the help
+            return None
+        return getattr(self, f"_cmd_{args.command}")(args)
+
+    def _guard(self, fn):
+        try:
+            return fn()
+        except (ClusterError, TargetError, ValueError, NameError, TypeError) as e:
+            raise UsageError(str(e)) from None
+
+    def _eval(self, expr: str):
+        try:
+            return eval(expr, self.shell.user_ns)
+        except Exception as e:
+            raise UsageError(
+                f"cannot evaluate {expr.strip()!r} in the notebook: {type(e).__name__}: {e}"
+            ) from None
+
+    def _cmd_up(self, args):
+        ctl = self._guard(
+            lambda: ctl_module.up(workers=args.workers, cpu=args.cpu, threads=args.threads)
+        )
+        self._print_ranks(ctl, "started")
+
+    def _cmd_connect(self, args):
+        ctl = self._guard(
+            lambda: ctl_module.connect(
+                address=args.address,
+                scheduler_file=args.scheduler_file,
+                cluster=args.cluster,
+                timeout=args.timeout,
+                workers=args.workers,
+            )
+        )
+        self._print_ranks(ctl, "connected to")
+
+    def _cmd_status(self, args):
+        ctl = self._ctl()
+        rows = ctl.status()
+        for r in rows:
+            r["device"] = _device(r["device"])
+            r["pid"] = r["pid"] or "-"
+            r["names"] = "-" if r["names"] is None else r["names"]
+        print(format_table(rows, ["rank", "host", "pid", "device", "state", "names"]))
+
+    def _cmd_down(self, args):
+        ctl = self._ctl()
+        owned = ctl.owns_cluster
+        ctl.down()
+        print(
+            "monarch-nb: cluster shut down"
+            if owned
+            else "monarch-nb: disconnected; the cluster keeps running"
+        )
+
+    def _cmd_restart(self, args):
+        ctl = self._ctl()
+        ctl.restart()
+        print(
+            f"monarch-nb: restarted {format_ranks(range(ctl.world_size))}: fresh worker "
+            "processes, same ranks, empty namespaces"
+        )
+
+    def _cmd_reset(self, args):
+        ranks = self._guard(lambda: self._ctl().reset(args.targets))
+        print(f"monarch-nb: cleared the namespaces of {format_ranks(ranks)}")
+
+    def _cmd_interrupt(self, args):
+        ranks = self._guard(lambda: self._ctl().interrupt(args.targets))
+        print(f"monarch-nb: interrupted {format_ranks(ranks)}")
+
+    def _cmd_pull(self, args):
+        names = args.names
+        return self._guard(
+            lambda: self._ctl().pull(names if len(names) > 1 else names[0], args.targets)
+        )
+
+    def _cmd_gather(self, args):
+        return self._guard(lambda: self._ctl().gather(args.name, args.targets))
+
+    def _cmd_auto(self, args):
+        self.auto = not self.auto
+        transforms = self.shell.input_transformers_cleanup
+        if self.auto:
+            if _auto_transform not in transforms:
+                transforms.append(_auto_transform)
+            print(
+                "monarch-nb: auto on: cells run on the workers (cells starting with %monarch "
+                "run here); %monarch auto turns it off"
+            )
+        else:
+            while _auto_transform in transforms:
+                transforms.remove(_auto_transform)
+            print("monarch-nb: auto off: cells run in the notebook again")
+
+    def _push(self, text: str, targets):
+        ctl = self._ctl()
+        if not text.strip():
+            raise UsageError("usage: %monarch push NAME [NAME=EXPR ...] [--targets SPEC]")
+        try:
+            call = ast.parse(f"_({split_items(text)})", mode="eval").body
+        except SyntaxError:
+            raise UsageError(
+                f"push: cannot read {text.strip()!r}; write names and NAME=EXPR "
+                "items, with spaces inside an expression in parentheses"
+            ) from None
+        values = {}
+        for node in call.args:
+            if not isinstance(node, ast.Name):
+                raise UsageError(f"push: {ast.unparse(node)!r} is not a name; use NAME=EXPR")
+            if node.id not in self.shell.user_ns:
+                raise UsageError(f"push: {node.id!r} is not defined in the notebook")
+            values[node.id] = self.shell.user_ns[node.id]
+        for kw in call.keywords:
+            if kw.arg is None:
+                raise UsageError("push: **mapping is not supported; use NAME=EXPR")
+            values[kw.arg] = self._eval(ast.unparse(kw.value))
+        self._guard(lambda: ctl.push(values, targets))
+
+    def _cell(self, line: str, cell: str):
+        args = parse_argstring(self._cell_args, line)
+        ctl = self._ctl()
+        try:
+            tree = ast.parse(cell, "<cell>")
+        except SyntaxError as e:
+            raise CellSyntaxError(e) from None
+        has_value = (
+            bool(tree.body)
+            and isinstance(tree.body[-1], ast.Expr)
+            and not cell.rstrip().endswith(";")
+        )
+        block = True if args.block is None else args.block
+        try:
+            result = ctl.run(
+                cell,
+                targets=args.targets,
+                block=block,
+                timeout=args.timeout,
+                stream=args.stream is not False,
+                collapse=args.collapse is not False,
+            )
+        except (TargetError, ClusterError) as e:
+            raise UsageError(str(e)) from None
+        except ctl_module.CellError as e:
+            if args.out:
+                self.shell.user_ns[args.out] = e.results
+            raise
+        if args.out:
+            self.shell.user_ns[args.out] = result
+        if isinstance(result, CellHandle):
+            return result
+        if not has_value or all(v is None for v in result.values()):
+            return None
+        return result
+
+    @magic_arguments()
+    @argument("--targets", "-t", default=None, help="ranks: all, 0, 0,2, 1:3 or ::2")
+    @argument(
+        "--block",
+        dest="block",
+        action="store_true",
+        default=None,
+        help="wait for the cell (the default)",
+    )
+    @argument(
+        "--noblock",
+        dest="block",
+        action="store_false",
+        help="return a handle at once; output still streams",
+    )
+    @argument("--out", "-o", default=None, help="also store the ValueMesh (or handle) as NAME")
+    @argument(
+        "--stream",
+        dest="stream",
+        action="store_true",
+        default=None,
+        help="show output as it happens (the default)",
+    )
+    @argument(
+        "--no-stream",
+        dest="stream",
+        action="store_false",
+        help="show output when the cell ends, grouped by rank",
+    )
+    @argument(
+        "--collapse",
+        dest="collapse",
+        action="store_true",
+        default=None,
+        help="show a line printed by several ranks once (the default)",
+    )
+    @argument(
+        "--no-collapse",
+        dest="collapse",
+        action="store_false",
+        help="show every rank's copy of a line",
+    )
+    @argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="interrupt the ranks still running after S seconds",
+    )
+    def _cell_args(self, line):
+        """%%monarch options."""
+
+
+def _pop_targets(text: str) -> tuple[str | None, str]:
+    words = text.split()
+    for flag in ("--targets", "-t"):
+        if flag in words:
+            i = words.index(flag)
+            if i + 1 >= len(words):
+                raise UsageError(f"{flag} needs a value: all, 0, 0,2, 1:3 or ::2")
+            spec = words[i + 1]
+            return spec, " ".join(words[:i] + words[i + 2 :])
+        for w in words:
+            if w.startswith(flag + "="):
+                return w.split("=", 1)[1], " ".join(x for x in words if x is not w)
+    return None, text
+
+
+def _auto_transform(lines: list[str]) -> list[str]:
+    first = next((ln for ln in lines if ln.strip()), "")
+    if not first or first.lstrip().startswith(("%monarch", "%%monarch")):
+        return lines
+    return ["%%monarch\n", *lines]
+
+
+_loaded: dict[int, MonarchMagics] = {}
+
+
+def load(ipython) -> None:
+    magics = MonarchMagics(ipython)
+    ipython.register_magics(magics)
+    _loaded[id(ipython)] = magics
+
+
+def unload(ipython) -> None:
+    magics = _loaded.pop(id(ipython), None)
+    if magics is not None and magics.auto:
+        transforms = ipython.input_transformers_cleanup
+        while _auto_transform in transforms:
+            transforms.remove(_auto_transform)

@@ -1,0 +1,192 @@
+"""What comes back from the ranks: ValueMesh, and the errors that carry remote tracebacks."""
+
+from __future__ import annotations
+
+import html
+import math
+import reprlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from .targets import format_ranks
+
+_short = reprlib.Repr()
+_short.maxstring = 60
+_short.maxother = 60
+_short.maxlist = _short.maxtuple = _short.maxdict = 6
+
+
+class ValueMesh:
+    """One value per rank, in rank order.
+
+    ``mesh.values()``, ``mesh.items()`` and ``mesh.item(rank)`` read it; iterating yields the
+    values; ``dims`` names the mesh's shape (``{"ranks": N}`` unless a caller says otherwise) so
+    that ``mesh.item(hosts=0, gpus=1)`` also works.
+    """
+
+    def __init__(self, values: Mapping[int, Any], dims: Mapping[str, int] | None = None):
+        self._values = dict(sorted(values.items()))
+        self.dims = dict(dims) if dims else {"ranks": len(self._values)}
+
+    @property
+    def ranks(self) -> list[int]:
+        return list(self._values)
+
+    def values(self) -> list[Any]:
+        return list(self._values.values())
+
+    def items(self) -> list[tuple[int, Any]]:
+        return list(self._values.items())
+
+    def to_dict(self) -> dict[int, Any]:
+        return dict(self._values)
+
+    def item(self, rank: int | None = None, **point: int) -> Any:
+        """The value of one rank: ``item(2)``, ``item(hosts=0, gpus=1)``, or ``item()`` on a
+        mesh of one value."""
+        if rank is None and not point:
+            if len(self._values) != 1:
+                raise ValueError(
+                    f"item() needs a rank on a mesh of {len(self._values)} values; "
+                    f"pass one of {self.ranks}"
+                )
+            return next(iter(self._values.values()))
+        if point:
+            rank = self._rank_of(point)
+        if rank not in self._values:
+            raise KeyError(f"rank {rank} is not in this mesh (ranks {self.ranks})")
+        return self._values[rank]
+
+    def _rank_of(self, point: Mapping[str, int]) -> int:
+        unknown = set(point) - set(self.dims)
+        if unknown:
+            raise KeyError(f"unknown mesh dimension {sorted(unknown)}; dimensions are {self.dims}")
+        rank, stride = 0, 1
+        for name, size in reversed(self.dims.items()):
+            index = point.get(name, 0)
+            if not 0 <= index < size:
+                raise IndexError(f"{name}={index} is out of range 0..{size - 1}")
+            rank += index * stride
+            stride *= size
+        return self.ranks[rank] if math.prod(self.dims.values()) == len(self._values) else rank
+
+    def __getitem__(self, rank: int) -> Any:
+        return self.item(rank)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._values.values())
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ValueMesh):
+            return self._values == other._values and self.dims == other.dims
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{r}: {_short.repr(v)}" for r, v in list(self._values.items())[:8])
+        more = f", ... {len(self._values) - 8} more" if len(self._values) > 8 else ""
+        return f"ValueMesh({{{body}{more}}})"
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td>{r}</td><td><code>{html.escape(_short.repr(v))}</code></td></tr>"
+            for r, v in self._values.items()
+        )
+        return (
+            f"<table><caption>ValueMesh over {len(self._values)} ranks</caption>"
+            f"<tr><th>rank</th><th>value</th></tr>{rows}</table>"
+        )
+
+
+class UnserializableResult:
+    """Stands in a ValueMesh for a rank whose value could not travel back; says why."""
+
+    def __init__(self, rank: int, reason: str):
+        self.rank = rank
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"<rank {self.rank}: result could not be sent back: {self.reason}>"
+
+
+class RemoteError(Exception):
+    """An exception raised by user code on one rank, with its traceback as the rank saw it."""
+
+    def __init__(self, rank: int, host: str, ename: str, evalue: str, traceback: list[str]):
+        super().__init__(f"[rank {rank}] {ename}: {evalue}")
+        self.rank = rank
+        self.host = host
+        self.ename = ename
+        self.evalue = evalue
+        self.traceback = traceback
+
+    def render(self) -> list[str]:
+        return [*self.traceback]
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"[rank {self.rank} on {self.host}] {self.ename}: {self.evalue}", *self.render()]
+
+
+class CellError(Exception):
+    """Some ranks failed. ``errors`` maps rank to RemoteError; ``results`` holds the ranks that
+    succeeded, so nothing they computed is lost."""
+
+    max_shown = 5
+
+    def __init__(
+        self,
+        errors: Mapping[int, RemoteError],
+        results: ValueMesh,
+        targets: list[int],
+        headline: str | None = None,
+    ):
+        self.errors = dict(sorted(errors.items()))
+        self.results = results
+        self.targets = targets
+        self.headline = headline or f"{len(self.errors)} of {len(targets)} ranks failed"
+        first = next(iter(self.errors.values()), None)
+        detail = f": {first.ename}: {first.evalue}" if first else ""
+        super().__init__(self.headline + detail)
+
+    def groups(self) -> list[tuple[list[int], RemoteError]]:
+        """Distinct tracebacks, each with the ranks that share it, in rank order."""
+        seen: dict[tuple, tuple[list[int], RemoteError]] = {}
+        for rank, err in self.errors.items():
+            key = (err.ename, err.evalue, tuple(err.traceback))
+            seen.setdefault(key, ([], err))[0].append(rank)
+        return list(seen.values())
+
+    def _render_traceback_(self) -> list[str]:
+        lines = [self.headline]
+        groups = self.groups()
+        for ranks, err in groups[: self.max_shown]:
+            lines.append("")
+            lines.append(f"[{format_ranks(ranks)}] {err.ename}: {err.evalue}")
+            lines.extend(err.render())
+        if len(groups) > self.max_shown:
+            lines.append(
+                f"... {len(groups) - self.max_shown} more distinct tracebacks; see .errors"
+            )
+        return lines
+
+
+class CellSyntaxError(Exception):
+    """A cell that does not parse; shown like a SyntaxError, without the magic's own frames."""
+
+    def __init__(self, error: SyntaxError):
+        super().__init__(f"{error.msg} (line {error.lineno}); nothing was sent to the ranks")
+        self.error = error
+
+    def _render_traceback_(self) -> list[str]:
+        import traceback
+
+        lines = "".join(traceback.format_exception_only(SyntaxError, self.error)).splitlines()
+        return [*lines[:-1], lines[-1] + " (nothing was sent to the ranks)"]
+
+
+class CellTimeout(CellError):
+    """The cell ran past its --timeout; the ranks still running were interrupted."""

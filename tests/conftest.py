@@ -1,0 +1,63 @@
+"""Shared fixtures: a real IPython shell and a real local cluster of 2 CPU worker processes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+@pytest.fixture(scope="session")
+def ctl():
+    """One 2-rank cluster shared by the tests that leave it as they found it."""
+    import monarch_nb
+
+    controller = monarch_nb.up(workers=2, cpu=True)
+    yield controller
+    controller.down()
+
+
+@pytest.fixture
+def clean(ctl):
+    """The shared cluster with empty namespaces, made current again."""
+    from monarch_nb import controller as module
+
+    module._set_current(ctl)
+    ctl.reset()
+    yield ctl
+    module._set_current(ctl)
+
+
+@pytest.fixture(scope="session")
+def shell():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    sh = InteractiveShell.instance()
+    sh.run_cell("%load_ext monarch_nb", store_history=False)
+    return sh
+
+
+class Cell:
+    """Run IPython cells and read back what they printed and raised."""
+
+    def __init__(self, shell, capsys):
+        self.shell, self.capsys = shell, capsys
+
+    def __call__(self, source: str, expect_error: bool = False):
+        self.capsys.readouterr()
+        result = self.shell.run_cell(source, store_history=True)
+        captured = self.capsys.readouterr()
+        self.out, self.err = captured.out, captured.err
+        self.error = result.error_in_exec or result.error_before_exec
+        if expect_error:
+            assert self.error is not None, f"expected an error from {source!r}; printed {self.out}"
+        else:
+            assert self.error is None, f"{source!r} raised {self.error!r}\n{self.out}\n{self.err}"
+        return result.result
+
+
+@pytest.fixture
+def cell(shell, capsys):
+    return Cell(shell, capsys)

@@ -1,0 +1,95 @@
+"""Joining clusters the controller did not start."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from distributed import LocalCluster
+
+import monarch_nb
+from monarch_nb import controller as module
+
+
+@pytest.fixture
+def no_current():
+    saved = module.current()
+    module._set_current(None)
+    yield
+    ctl = module.current()
+    if ctl is not None:
+        ctl.down()
+    module._set_current(saved)
+
+
+@pytest.fixture(scope="module")
+def local_cluster():
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0"
+    ) as cluster:
+        yield cluster
+
+
+def test_connect_by_address_leaves_the_cluster_running(no_current, local_cluster):
+    ctl = monarch_nb.connect(local_cluster.scheduler_address)
+    assert ctl.run("rank").values() == [0, 1]
+    ctl.down()
+    assert len(local_cluster.scheduler_info["workers"]) == 2
+
+
+def test_connect_by_scheduler_file(no_current, tmp_path):
+    path = tmp_path / "scheduler.json"
+    with LocalCluster(
+        n_workers=1,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address=":0",
+        scheduler_kwargs={"scheduler_file": str(path)},
+    ):
+        ctl = monarch_nb.connect(scheduler_file=str(path))
+        assert ctl.run("world_size").values() == [1]
+        ctl.down()
+
+
+def test_connect_to_a_cluster_object_and_factory(no_current, local_cluster):
+    ctl = monarch_nb.connect(cluster=local_cluster)
+    assert ctl.world_size == 2
+    ctl.down()
+    ctl = monarch_nb.connect(cluster="_factories:one_worker")
+    assert ctl.world_size == 1
+    ctl.down()
+    ctl.cluster.close()
+
+
+def test_ranks_are_sorted_by_host_then_address():
+    workers = {
+        "tcp://10.0.0.2:900": {"name": "b", "host": "10.0.0.2"},
+        "tcp://10.0.0.1:80": {"name": "c", "host": "10.0.0.1"},
+        "tcp://10.0.0.1:70": {"name": "a", "host": "10.0.0.1"},
+    }
+    table = module.Controller.rank_table(workers)
+    assert [(i.rank, i.name, i.local_rank) for i in table] == [
+        (0, "a", 0),
+        (1, "c", 1),
+        (2, "b", 0),
+    ]
+    # After a restart the same names keep their ranks, whatever their new addresses.
+    moved = {
+        "tcp://10.0.0.1:1": {"name": "b", "host": "10.0.0.2"},
+        "tcp://10.0.0.1:2": {"name": "a", "host": "10.0.0.1"},
+        "tcp://10.0.0.1:3": {"name": "c", "host": "10.0.0.1"},
+    }
+    again = module.Controller.rank_table(moved, previous=table)
+    assert [i.name for i in again] == ["a", "c", "b"]
+
+
+def test_connect_to_nobody_fails_within_10_seconds(no_current):
+    start = time.monotonic()
+    with pytest.raises(monarch_nb.ClusterError, match="cannot reach a Dask scheduler"):
+        monarch_nb.connect("tcp://127.0.0.1:9", timeout=3)
+    assert time.monotonic() - start < 10
+
+
+def test_connect_needs_exactly_one_target(no_current):
+    with pytest.raises(monarch_nb.ClusterError, match="exactly one"):
+        monarch_nb.connect()

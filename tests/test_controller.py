@@ -1,0 +1,232 @@
+"""The controller API against a real LocalCluster-style cluster of worker processes."""
+
+from __future__ import annotations
+
+import _thread
+import threading
+import time
+
+import pytest
+import torch
+from IPython.utils.capture import capture_output
+
+import monarch_nb
+from monarch_nb import CellError, CellTimeout, UnserializableResult, ValueMesh
+
+
+def test_cells_run_on_every_rank_in_persistent_namespaces(clean):
+    assert clean.run("x = rank * 10") == ValueMesh({0: None, 1: None})
+    mesh = clean.run("x + 1")
+    assert mesh.values() == [1, 11]
+    assert mesh.item(1) == 11
+    assert list(mesh) == [1, 11]
+    assert mesh.items() == [(0, 1), (1, 11)]
+
+
+def test_identity_names(clean):
+    mesh = clean.run("(rank, world_size, local_rank, host, str(device))")
+    for r, (rank, world, local, host, device) in mesh.items():
+        assert (rank, world, local, device) == (r, 2, r, "cpu")
+        assert host
+
+
+def test_output_order_per_rank_and_collapse(clean, capsys):
+    clean.run("for i in range(300): print(f'line {i} of rank {rank}')\nprint('same everywhere')")
+    out = capsys.readouterr().out.splitlines()
+    for r in (0, 1):
+        mine = [ln for ln in out if ln.startswith(f"[rank {r}] line")]
+        assert mine == [f"[rank {r}] line {i} of rank {r}" for i in range(300)]
+    assert out.count("[ranks 0-1] same everywhere") == 1
+
+
+def test_no_collapse_shows_each_copy(clean, capsys):
+    clean.run("print('hello')", collapse=False)
+    out = capsys.readouterr().out.splitlines()
+    assert sorted(out) == ["[rank 0] hello", "[rank 1] hello"]
+
+
+def test_stderr_and_carriage_return_progress(clean, capsys):
+    clean.run(
+        "import sys\n"
+        "for p in (10, 50, 100): print(f'\\r{p}%', end='')\n"
+        "print()\n"
+        "print('oops', file=sys.stderr)"
+    )
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == ["[ranks 0-1] 100%"]
+    assert captured.err.splitlines() == ["[ranks 0-1] oops"]
+
+
+def test_rich_output_is_shown_tagged_with_the_rank(clean, shell):
+    code = (
+        "class Fancy:\n"
+        "    def _repr_html_(self): return f'<b>rank {rank}</b>'\n"
+        "    def __repr__(self): return 'Fancy()'\n"
+        "display(Fancy())\n"
+        "from IPython.display import display as ipy_display, Markdown\n"
+        "ipy_display(Markdown('*md*'))"
+    )
+    with capture_output() as io:
+        clean.run(code, targets=[1])
+    bundles = [o.data for o in io.outputs]
+    assert {"text/html": "<b>rank 1</b>", "text/plain": "Fancy()"}.items() <= bundles[0].items()
+    assert bundles[1]["text/markdown"] == "*md*"
+    assert "[rank 1]" in io.stdout
+
+
+def test_syntax_error_is_reported_before_anything_is_sent(clean):
+    with pytest.raises(SyntaxError):
+        clean.run("marker = 1\nbad = (")
+    with pytest.raises(NameError, match="marker is not defined on ranks 0-1"):
+        clean.pull("marker")
+
+
+def test_errors_on_some_ranks_keep_the_others_results(clean):
+    with pytest.raises(CellError) as info:
+        clean.run("a = 1\nb = 2\n1 / 0 if rank == 1 else rank + 100")
+    err = info.value
+    assert err.headline == "1 of 2 ranks failed"
+    assert err.results.to_dict() == {0: 100}
+    remote = err.errors[1]
+    assert (remote.rank, remote.ename) == (1, "ZeroDivisionError")
+    text = "\n".join(err._render_traceback_())
+    assert "line 3, in <module>" in text and "1 / 0 if rank == 1" in text
+    assert "engine.py" not in text and "threading.py" not in text
+
+
+def test_distinct_tracebacks_are_shown_once_with_their_ranks(clean):
+    with pytest.raises(CellError) as info:
+        clean.run("raise ValueError('same')")
+    groups = info.value.groups()
+    assert len(groups) == 1 and groups[0][0] == [0, 1]
+    assert info.value._render_traceback_()[:3] == [
+        "2 of 2 ranks failed",
+        "",
+        "[ranks 0-1] ValueError: same",
+    ]
+
+
+def test_traceback_inside_a_function_defined_in_an_earlier_cell(clean):
+    clean.run("def f(x):\n    return 1 / x")
+    with pytest.raises(CellError) as info:
+        clean.run("f(0)")
+    text = "\n".join(info.value.errors[0].traceback)
+    assert "in f" in text and "return 1 / x" in text
+
+
+def test_an_unserializable_result_says_why_and_others_arrive(clean):
+    mesh = clean.run("import threading\nthreading.Lock() if rank == 1 else 'fine'")
+    assert mesh.item(0) == "fine"
+    bad = mesh.item(1)
+    assert isinstance(bad, UnserializableResult)
+    assert "cannot pickle" in bad.reason and "lock" in repr(bad)
+
+
+def test_push_pull_scatter_gather(clean):
+    clean.push({"lr": 0.5, "t": torch.arange(3)})
+    mesh = clean.pull(["lr", "t"])
+    assert mesh.item(1)[0] == 0.5 and torch.equal(mesh.item(1)[1], torch.arange(3))
+    clean.scatter("chunk", list(range(5)))
+    assert clean.pull("chunk").values() == [[0, 1], [2, 3, 4]]
+    assert clean.gather("chunk") == [0, 1, 2, 3, 4]
+    clean.scatter("tt", torch.arange(6.0))
+    assert torch.equal(clean.gather("tt"), torch.arange(6.0))
+    clean.push({"only_one": 1}, targets="1")
+    with pytest.raises(NameError, match="only_one is not defined on rank 0"):
+        clean.pull("only_one")
+
+
+def test_push_of_something_unpicklable_names_it(clean):
+    with pytest.raises(ValueError, match=r"cannot push 'lk': lock cannot be pickled"):
+        clean.push({"lk": threading.Lock()})
+    with pytest.raises(TypeError, match="scatter needs a sequence"):
+        clean.scatter("n", 5)
+
+
+def test_interrupt_a_busy_loop_on_two_ranks(clean):
+    timer = threading.Timer(1.0, _thread.interrupt_main)
+    timer.start()
+    start = time.monotonic()
+    with pytest.raises(CellError) as info:
+        clean.run("n = 0\nwhile True: n += 1")
+    elapsed = time.monotonic() - start - 1.0
+    assert elapsed < 2.0
+    assert info.value.headline == "interrupted ranks 0-1"
+    assert {e.ename for e in info.value.errors.values()} == {"KeyboardInterrupt"}
+    # The cluster and the namespaces survive.
+    assert all(n > 0 for n in clean.run("n").values())
+
+
+def test_timeout_interrupts_and_names_the_ranks(clean):
+    with pytest.raises(CellTimeout) as info:
+        clean.run("import time\nif rank == 1:\n    while True: pass\n'quick'", timeout=1)
+    err = info.value
+    assert "rank 1 were still running" in err.headline
+    assert err.results.to_dict() == {0: "quick"}
+    assert clean.run("rank").values() == [0, 1]
+
+
+def test_noblock_handle(clean, capsys):
+    handle = clean.run("import time\ntime.sleep(0.5)\nprint('finished')\nrank", block=False)
+    assert not handle.done()
+    assert "running" in repr(handle)
+    assert handle.result(timeout=30).values() == [0, 1]
+    assert handle.done() and handle.wait(0)
+    time.sleep(0.3)
+    assert "[ranks 0-1] finished" in capsys.readouterr().out
+
+
+def test_noblock_interrupt_and_a_blocking_cell_waits_for_busy_ranks(clean, capsys):
+    handle = clean.run("while True: pass", block=False)
+    threading.Timer(1.0, handle.interrupt).start()
+    assert clean.run("'after'").values() == ["after", "after"]
+    assert "ranks 0-1 are busy with an earlier cell" in capsys.readouterr().err
+    with pytest.raises(CellError, match="KeyboardInterrupt"):
+        handle.result(timeout=10)
+
+
+def test_heartbeats_flow_during_a_busy_cell(clean):
+    def last_seen(dask_scheduler):
+        return {ws.name: ws.last_seen for ws in dask_scheduler.workers.values()}
+
+    handle = clean.run(
+        "import time\nend = time.time() + 5\nwhile time.time() < end: pass", block=False
+    )
+    first = clean.client.run_on_scheduler(last_seen)
+    time.sleep(4)
+    later = clean.client.run_on_scheduler(last_seen)
+    handle.result(timeout=30)
+    assert set(later) == {0, 1}
+    assert all(later[name] > first[name] for name in later)
+
+
+def test_status_reset_interrupt_of_idle_ranks(clean):
+    clean.run("a = 1\nb = 2\n_private = 3")
+    rows = clean.status()
+    assert [r["rank"] for r in rows] == [0, 1]
+    assert all(r["state"] == "idle" and r["names"] == 2 and r["pid"] for r in rows)
+    assert rows[0]["device"]["kind"] == "cpu"
+    assert clean.interrupt() == [0, 1]
+    assert clean.reset("0") == [0]
+    with pytest.raises(NameError, match="a is not defined on rank 0"):
+        clean.pull("a")
+    assert clean.pull("a", targets=1).values() == [1]
+
+
+def test_restart_gives_fresh_processes_with_the_same_ranks(clean):
+    pids = [r["pid"] for r in clean.status()]
+    clean.run("kept = 1")
+    clean.restart()
+    assert [r["pid"] for r in clean.status()] != pids
+    assert [i.rank for i in clean.ranks] == [0, 1]
+    assert clean.run("(rank, 'kept' in globals())").values() == [(0, False), (1, False)]
+
+
+def test_up_while_up_is_refused(clean):
+    with pytest.raises(monarch_nb.ClusterError, match="already up"):
+        monarch_nb.up(workers=1, cpu=True)
+
+
+def test_bad_targets(clean):
+    with pytest.raises(monarch_nb.TargetError, match="rank 2 is out of range"):
+        clean.run("1", targets="2")

@@ -1,0 +1,184 @@
+"""%monarch and %%monarch through a real IPython shell."""
+
+from __future__ import annotations
+
+import _thread
+import threading
+
+import pytest
+
+import monarch_nb
+from monarch_nb import controller as module
+from monarch_nb.magic import split_items
+
+
+@pytest.fixture
+def no_current():
+    saved = module.current()
+    module._set_current(None)
+    yield
+    ctl = module.current()
+    if ctl is not None and ctl is not saved:
+        ctl.down()
+    module._set_current(saved)
+
+
+def test_everything_before_up_says_to_start_a_cluster(cell, no_current):
+    for source in [
+        "%%monarch\n1",
+        "%monarch push x",
+        "%monarch pull x",
+        "%monarch status",
+        "%monarch down",
+        "%monarch interrupt",
+        "%monarch scatter a [1]",
+    ]:
+        cell(source, expect_error=True)
+        assert "no cluster is up; start one with %monarch up" in str(cell.error), source
+
+
+def test_up_status_down_and_up_while_up(cell, no_current):
+    cell("%monarch up --workers 1 --cpu")
+    assert "monarch-nb: started 1 ranks at tcp://127.0.0.1:" in cell.out
+    assert "rank  host" in cell.out
+    cell("%monarch up --cpu", expect_error=True)
+    assert "already up" in str(cell.error)
+    cell("%monarch status")
+    assert "idle" in cell.out and "cpu:" in cell.out
+    cell("%monarch down")
+    assert "cluster shut down" in cell.out
+    cell("%monarch up --workers 0", expect_error=True)
+    assert "--workers must be at least 1" in str(cell.error)
+
+
+def test_cell_magic_returns_a_valuemesh_in_underscore_and_out(cell, clean):
+    result = cell("%%monarch --out got\nx = rank + 1\nx * 2")
+    assert result.values() == [2, 4]
+    assert cell.shell.user_ns["got"] is result
+    assert cell("_") is result
+    assert cell("%%monarch\ny = 1") is None
+    assert cell("%%monarch\nx;") is None
+
+
+def test_targets_and_bad_targets(cell, clean):
+    assert cell("%%monarch --targets 1\nrank").values() == [1]
+    assert cell("%%monarch -t ::2\nrank").values() == [0]
+    for spec, message in [
+        ("7", "rank 7 is out of range"),
+        ("x", "'x' is not a rank"),
+        ("1:1", "selects no ranks"),
+    ]:
+        cell(f"%%monarch --targets {spec}\nrank", expect_error=True)
+        assert message in str(cell.error)
+
+
+def test_syntax_error_is_shown_before_dispatch(cell, clean):
+    cell("%%monarch\nsent = 1\nx = (", expect_error=True)
+    assert type(cell.error).__name__ == "CellSyntaxError"
+    rendered = "\n".join(cell.error._render_traceback_())
+    assert "SyntaxError" in rendered and "nothing was sent to the ranks" in rendered
+    cell("%monarch pull sent", expect_error=True)
+    assert "sent is not defined on ranks 0-1" in str(cell.error)
+
+
+def test_remote_errors_render_with_ranks(cell, clean):
+    cell("%%monarch --out partial\n[][rank] if rank == 0 else 'ok'", expect_error=True)
+    rendered = cell.error._render_traceback_()
+    assert rendered[0] == "1 of 2 ranks failed"
+    assert "[rank 0] IndexError: list index out of range" in rendered
+    assert cell.shell.user_ns["partial"].to_dict() == {1: "ok"}
+
+
+def test_streaming_output_with_and_without_collapse(cell, clean):
+    cell("%%monarch\nprint('hi')")
+    assert cell.out.splitlines() == ["[ranks 0-1] hi"]
+    cell("%%monarch --no-collapse\nprint('hi')")
+    assert sorted(cell.out.splitlines()) == ["[rank 0] hi", "[rank 1] hi"]
+    cell("%%monarch --no-stream\nprint('a', rank)\nprint('b', rank)")
+    assert cell.out.splitlines() == ["[rank 0] a 0", "[rank 0] b 0", "[rank 1] a 1", "[rank 1] b 1"]
+
+
+def test_push_pull_scatter_gather(cell, clean):
+    cell("import threading\nw = 3\nlock = threading.Lock()")
+    cell("%monarch push w v=[1, 2] u=(w + 1) s='a b'")
+    assert cell("%monarch pull w v u s").item(0) == (3, [1, 2], 4, "a b")
+    cell("%monarch push w, z=2 --targets 0")
+    cell("%monarch pull z", expect_error=True)
+    assert "z is not defined on rank 1" in str(cell.error)
+    cell("%monarch push lock", expect_error=True)
+    assert "cannot push 'lock': lock cannot be pickled" in str(cell.error)
+    cell("%monarch push nothere", expect_error=True)
+    assert "'nothere' is not defined in the notebook" in str(cell.error)
+    cell("%monarch push q=1/0", expect_error=True)
+    assert "ZeroDivisionError" in str(cell.error)
+    cell("%monarch scatter part list(range(6))")
+    assert cell("%monarch pull part").values() == [[0, 1, 2], [3, 4, 5]]
+    assert cell("%monarch gather part") == list(range(6))
+    cell("%monarch scatter part", expect_error=True)
+    assert "usage: %monarch scatter" in str(cell.error)
+
+
+def test_unknown_commands_and_flags(cell, clean):
+    cell("%monarch frobnicate", expect_error=True)
+    assert "invalid choice: 'frobnicate'" in str(cell.error)
+    cell("%monarch status --bogus", expect_error=True)
+    assert "unrecognized arguments: --bogus" in str(cell.error)
+    cell("%%monarch --bogus\n1", expect_error=True)
+    assert "unrecognized arguments: --bogus" in str(cell.error)
+    cell("%monarch", expect_error=True)
+    assert "needs a command" in str(cell.error)
+    cell("%monarch -h")
+    assert "connect" in cell.out
+
+
+def test_auto_mode(cell, clean):
+    cell("%monarch auto")
+    try:
+        assert cell("r = rank * 3\nr").values() == [0, 3]
+        cell("%monarch status")
+        assert "idle" in cell.out
+    finally:
+        cell("%monarch auto")
+    assert cell("1 + 1") == 2
+
+
+def test_reset_interrupt_restart_messages(cell, clean):
+    cell("%%monarch\nkeep = 1")
+    cell("%monarch reset --targets 0")
+    assert "cleared the namespaces of rank 0" in cell.out
+    cell("%monarch interrupt")
+    assert "interrupted ranks 0-1" in cell.out
+
+
+def test_kernel_interrupt_of_a_blocking_cell(cell, clean):
+    threading.Timer(1.0, _thread.interrupt_main).start()
+    cell("%%monarch\nwhile True: pass", expect_error=True)
+    assert "interrupted ranks 0-1" in cell.error._render_traceback_()[0]
+    assert cell("%%monarch\n'alive'").values() == ["alive", "alive"]
+
+
+def test_timeout_flag(cell, clean):
+    cell("%%monarch --timeout 0.5\nwhile True: pass", expect_error=True)
+    assert isinstance(cell.error, monarch_nb.CellTimeout)
+    assert "ran past --timeout 0.5 s" in str(cell.error)
+
+
+def test_noblock_returns_a_handle(cell, clean):
+    handle = cell("%%monarch --noblock --out h\nimport time\ntime.sleep(0.3)\nrank")
+    assert isinstance(handle, monarch_nb.CellHandle)
+    assert cell.shell.user_ns["h"] is handle
+    assert handle.result(timeout=30).values() == [0, 1]
+
+
+def test_connect_errors(cell, no_current):
+    cell("%monarch connect tcp://127.0.0.1:9 --timeout 2", expect_error=True)
+    assert "cannot reach a Dask scheduler at tcp://127.0.0.1:9" in str(cell.error)
+    cell("%monarch connect --cluster nonsense", expect_error=True)
+    assert "--cluster takes module:factory" in str(cell.error)
+    cell("%monarch connect", expect_error=True)
+    assert "exactly one of ADDRESS" in str(cell.error)
+
+
+def test_split_items():
+    assert split_items("a b=f(x, y) c='p q'") == "a, b=f(x, y), c='p q'"
+    assert split_items("a, b=1") == "a, b=1"

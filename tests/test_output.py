@@ -1,0 +1,122 @@
+"""Rank output: tags, collapsing, order per rank, --no-stream grouping."""
+
+import time
+
+from monarch_nb.output import Renderer
+
+
+class ListSink:
+    def __init__(self):
+        self.out: list[tuple[str, str]] = []
+        self.progress_seen: list[tuple[int, str | None]] = []
+
+    def lines(self, name, text):
+        self.out += [(name, line) for line in text.splitlines()]
+
+    def display(self, ranks, data, metadata):
+        self.out.append(("display", f"{sorted(ranks)} {data['text/plain']}"))
+
+    def progress(self, rank, name, text):
+        self.progress_seen.append((rank, text))
+
+    def refresh(self, final=False):
+        pass
+
+
+def stream(lines, name="stdout"):
+    return {"ev": "stream", "name": name, "lines": lines}
+
+
+def test_identical_lines_collapse_and_order_is_kept_per_rank():
+    sink = ListSink()
+    r = Renderer([0, 1, 2, 3], sink, window=5)
+    for rank in range(4):
+        r.feed(rank, stream(["epoch 1", f"loss {rank}", "done"]))
+    r.close()
+    assert sink.out == [
+        ("stdout", "[ranks 0-3] epoch 1"),
+        ("stdout", "[rank 0] loss 0"),
+        ("stdout", "[rank 1] loss 1"),
+        ("stdout", "[rank 2] loss 2"),
+        ("stdout", "[rank 3] loss 3"),
+        ("stdout", "[ranks 0-3] done"),
+    ]
+
+
+def test_a_line_repeated_by_one_rank_is_not_merged_with_itself():
+    sink = ListSink()
+    r = Renderer([0, 1], sink, window=5)
+    r.feed(0, stream(["x", "x"]))
+    r.feed(1, stream(["x"]))
+    r.close()
+    assert sink.out == [("stdout", "[ranks 0-1] x"), ("stdout", "[rank 0] x")]
+
+
+def test_no_collapse_and_streams_are_separate():
+    sink = ListSink()
+    r = Renderer([0, 1], sink, collapse=False)
+    r.feed(0, stream(["a"]))
+    r.feed(1, stream(["a"], "stderr"))
+    r.close()
+    assert sink.out == [("stdout", "[rank 0] a"), ("stderr", "[rank 1] a")]
+
+
+def test_window_expiry_flushes_lines_that_only_some_ranks_print():
+    sink = ListSink()
+    r = Renderer([0, 1], sink, window=0.05)
+    r.feed(0, stream(["only rank 0"]))
+    assert sink.out == []
+    time.sleep(0.06)
+    r.tick()
+    assert sink.out == [("stdout", "[rank 0] only rank 0")]
+
+
+def test_display_keeps_its_place_among_lines():
+    sink = ListSink()
+    r = Renderer([0], sink)
+    r.feed(0, stream(["before"]))
+    r.feed(0, {"ev": "display", "data": {"text/plain": "<fig>"}, "metadata": {}})
+    r.feed(0, stream(["after"]))
+    r.close()
+    assert sink.out == [
+        ("stdout", "[rank 0] before"),
+        ("display", "[0] <fig>"),
+        ("stdout", "[rank 0] after"),
+    ]
+
+
+def test_no_stream_groups_by_rank_at_the_end():
+    sink = ListSink()
+    r = Renderer([0, 1, 2], sink, stream=False)
+    r.feed(0, stream(["a", "b"]))
+    r.feed(1, stream(["c"]))
+    r.feed(2, stream(["a"]))
+    r.feed(2, stream(["b"]))
+    assert sink.out == []
+    r.close()
+    assert sink.out == [
+        ("stdout", "[ranks 0,2] a"),
+        ("stdout", "[ranks 0,2] b"),
+        ("stdout", "[rank 1] c"),
+    ]
+
+
+def test_progress_lines_go_to_the_live_line_not_the_output():
+    sink = ListSink()
+    r = Renderer([0], sink)
+    r.feed(0, {"ev": "progress", "name": "stdout", "text": "50%"})
+    r.feed(0, stream(["100%"]))
+    r.close()
+    assert sink.out == [("stdout", "[rank 0] 100%")]
+    assert sink.progress_seen == [(0, "50%"), (0, None)]
+
+
+def test_flood_of_identical_lines_stays_linear():
+    sink = ListSink()
+    r = Renderer([0, 1, 2, 3], sink, window=60)
+    n = 20000
+    for rank in range(4):
+        r.feed(rank, stream(["same"] * n))
+    r.close()
+    assert len(sink.out) == n
+    assert all(line == ("stdout", "[ranks 0-3] same") for line in sink.out)
