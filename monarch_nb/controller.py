@@ -14,7 +14,6 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
-import contextvars
 import itertools
 import threading
 import time
@@ -28,7 +27,7 @@ from . import cluster as clusters
 from . import remote
 from .engine import PLUGIN_NAME, EnginePlugin
 from .links import Link, RankInfo, Request, Router
-from .output import Renderer
+from .output import ConsoleSink, Renderer, live_sink
 from .results import CellError, CellTimeout, RemoteError, UnserializableResult, ValueMesh
 from .targets import format_ranks, parse_targets
 
@@ -351,7 +350,8 @@ class Controller:
         req = self._submit(
             "execute", ranks, {"op": "execute", "code": code, "n": next(self._cells)}
         )
-        renderer = Renderer(ranks, collapse=collapse, stream=stream)
+        sink = None if block else live_sink(f"[{format_ranks(ranks)}] running in the background")
+        renderer = Renderer(ranks, sink=sink, collapse=collapse, stream=stream)
         if not block:
             return CellHandle(self, req, renderer, timeout)
         outcomes, stopped = self._collect(req, renderer, timeout)
@@ -518,12 +518,9 @@ class CellHandle:
         self._done = threading.Event()
         self._value: Any = None
         self._error: BaseException | None = None
-        ctx = contextvars.copy_context()  # so the kernel shows output in the cell that began it
+        self._sink = renderer.sink
         self._thread = threading.Thread(
-            target=ctx.run,
-            args=(self._follow, renderer, timeout),
-            daemon=True,
-            name=f"monarch-{req.id}",
+            target=self._follow, args=(renderer, timeout), daemon=True, name=f"monarch-{req.id}"
         )
         self._thread.start()
 
@@ -563,6 +560,16 @@ class CellHandle:
 
     def interrupt(self) -> None:
         self._ctl._send_interrupt(self._req.ranks, self._req.id)
+
+    @property
+    def output(self) -> list[str]:
+        """Every line the cell printed so far, tagged by rank (in a Jupyter kernel)."""
+        return list(getattr(self._sink, "lines_out", []))
+
+    def display_outputs(self) -> None:
+        """Show the rich outputs (figures, HTML) the cell produced, tagged by rank."""
+        for ranks, data, metadata in getattr(self._sink, "rich", []):
+            ConsoleSink().display(ranks, data, metadata)
 
     def __repr__(self) -> str:
         state = "done" if self.done() else "running"

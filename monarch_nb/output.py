@@ -81,6 +81,58 @@ class ConsoleSink:
         self._shown = text
 
 
+class LiveSink:
+    """Output of a ``--noblock`` cell in a Jupyter kernel: one display in the cell that started
+    it, updated in place by display id (output printed after a cell has finished would be
+    dropped by the frontend). Every line is kept in ``lines``; rich outputs in ``rich``."""
+
+    MAX_SHOWN = 500
+
+    def __init__(self, kernel_display, title: str):
+        self.title = title
+        self.lines_out: list[str] = []
+        self.rich: list[tuple[list[int], dict, dict]] = []
+        self._progress: dict[tuple[int, str], str] = {}
+        self._dirty = False
+        self._last = 0.0
+        self._handle = kernel_display({"text/plain": title}, raw=True, display_id=True)
+
+    def lines(self, name: str, text: str) -> None:
+        self.lines_out.extend(text.splitlines())
+        self._dirty = True
+
+    def display(self, ranks, data: dict[str, Any], metadata: dict[str, Any]) -> None:
+        self.rich.append((list(ranks), data, metadata))
+        kinds = ", ".join(sorted(data))
+        self.lines_out.append(f"{_tag(ranks)} <{kinds} output: handle.display_outputs() shows it>")
+        self._dirty = True
+
+    def progress(self, rank: int, name: str, text: str | None) -> None:
+        if text:
+            self._progress[(rank, name)] = text
+        else:
+            self._progress.pop((rank, name), None)
+        self._dirty = True
+
+    def refresh(self, final: bool = False) -> None:
+        now = time.monotonic()
+        if not self._dirty or (not final and now - self._last < PROGRESS_REFRESH):
+            return
+        self._last, self._dirty = now, False
+        shown = self.lines_out[-self.MAX_SHOWN :]
+        head = []
+        if len(self.lines_out) > len(shown):
+            head = [f"... {len(self.lines_out) - len(shown)} earlier lines (handle.output has all)"]
+        live = [] if final else [f"[rank {r}] {t}" for (r, _), t in sorted(self._progress.items())]
+        self._handle.update({"text/plain": "\n".join(head + shown + live)}, raw=True)
+
+
+def live_sink(title: str) -> LiveSink | None:
+    """A LiveSink where a Jupyter kernel will show it, else None (print as usual)."""
+    kernel_display = _kernel_display()
+    return LiveSink(kernel_display, title) if kernel_display is not None else None
+
+
 def _kernel_display():
     """IPython's display where a Jupyter kernel will show live updates; else None."""
     try:

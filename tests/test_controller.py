@@ -230,3 +230,16 @@ def test_up_while_up_is_refused(clean):
 def test_bad_targets(clean):
     with pytest.raises(monarch_nb.TargetError, match="rank 2 is out of range"):
         clean.run("1", targets="2")
+
+
+def test_code_stuck_in_a_c_call_is_reported_with_restart_offered(clean):
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    timer.start()
+    with pytest.raises(CellError) as info:
+        clean.run("import time\ntime.sleep(4 if rank == 0 else 0)\nrank")
+    err = info.value
+    assert err.headline == "interrupted rank 0"
+    assert err.errors[0].ename == "StillRunning"
+    assert "%monarch restart" in err.errors[0].evalue
+    assert err.results.to_dict() == {1: 1}
+    assert clean.run("'usable'", targets=0).values() == ["usable"]  # waits for the sleep to end
