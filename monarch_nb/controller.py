@@ -57,20 +57,40 @@ def _check_not_up() -> None:
         )
 
 
-def up(workers: int | None = None, cpu: bool = False, threads: int = 1) -> Controller:
-    """Start a local cluster, one worker per visible GPU (or 2 CPU workers), and control it."""
-    _check_not_up()
+def up(
+    workers: int | None = None,
+    cpu: bool = False,
+    threads: int = 1,
+    dist: bool = True,
+    backend: str | None = None,
+    current: bool = True,
+) -> Controller:
+    """Start a local cluster, one worker per visible GPU (or 2 CPU workers), and control it.
+
+    ``dist`` forms a torch.distributed process group over the ranks (``backend`` defaults to
+    nccl on GPUs, gloo on CPUs); ``current=False`` leaves the notebook's current cluster alone.
+    """
+    if current:
+        _check_not_up()
     plans = clusters.plan_workers(clusters.detect_gpus(), workers=workers, cpu=cpu, threads=threads)
     from distributed import Client
 
     cluster = clusters.start_local(plans, threads=threads)
     try:
         client = Client(cluster, set_as_default=False)
-        ctl = Controller(client, cluster=cluster, owns_cluster=True, expected=len(plans))
+        ctl = Controller(
+            client,
+            cluster=cluster,
+            owns_cluster=True,
+            expected=len(plans),
+            dist=dist,
+            backend=backend,
+        )
     except BaseException:
         cluster.close()
         raise
-    _set_current(ctl)
+    if current:
+        _set_current(ctl)
     return ctl
 
 
@@ -80,10 +100,14 @@ def connect(
     cluster: Any = None,
     timeout: float = 8,
     workers: int | None = None,
+    dist: bool = True,
+    backend: str | None = None,
+    current: bool = True,
 ) -> Controller:
     """Join a running scheduler (address or scheduler file) or any ``distributed`` cluster object
     (dask-jobqueue, dask-kubernetes, LocalCluster...); ``cluster`` may be ``"module:factory"``."""
-    _check_not_up()
+    if current:
+        _check_not_up()
     from distributed import Client
 
     if sum(x is not None for x in (address, scheduler_file, cluster)) != 1:
@@ -104,18 +128,34 @@ def connect(
     if expected is None and cluster is not None and getattr(cluster, "worker_spec", None):
         expected = len(cluster.worker_spec)
     try:
-        ctl = Controller(client, cluster=cluster, owns_cluster=False, expected=expected)
+        ctl = Controller(
+            client,
+            cluster=cluster,
+            owns_cluster=False,
+            expected=expected,
+            dist=dist,
+            backend=backend,
+        )
     except BaseException:
         client.close()
         raise
-    _set_current(ctl)
+    if current:
+        _set_current(ctl)
     return ctl
 
 
 class Controller:
     """Drives the ranks of one cluster from this process."""
 
-    def __init__(self, client, cluster=None, owns_cluster=False, expected: int | None = None):
+    def __init__(
+        self,
+        client,
+        cluster=None,
+        owns_cluster=False,
+        expected: int | None = None,
+        dist: bool = True,
+        backend: str | None = None,
+    ):
         self.client = client
         self.cluster = cluster
         self.owns_cluster = owns_cluster
@@ -126,8 +166,23 @@ class Controller:
         self._links: dict[int, Link] = {}
         self._cells = itertools.count(1)
         self._loop = client.loop.asyncio_loop
+        self.dist_wanted, self.dist_backend_choice = dist, backend
+        self.dist_backend: str | None = None  # the process group's backend, once formed
+        self.dist_error: str | None = None
         self.client.register_plugin(EnginePlugin(), name=PLUGIN_NAME)
         self._attach(self._wait_for_workers(expected or 1, timeout=60))
+        self._form_group()
+
+    def _form_group(self) -> None:
+        from .dist import DistError, form_group
+
+        self.dist_backend = self.dist_error = None
+        if not self.dist_wanted:
+            return
+        try:
+            self.dist_backend = form_group(self, self.dist_backend_choice)
+        except DistError as e:
+            self.dist_error = str(e)
 
     # -- the rank table -----------------------------------------------------------------------
     def _wait_for_workers(self, n: int, timeout: float) -> dict[str, dict]:
@@ -480,6 +535,7 @@ class Controller:
         self._close_links()
         self.client.restart(wait_for_workers=True)
         self._attach(self._wait_for_workers(len(self.ranks), timeout=60))
+        self._form_group()
 
     def _close_links(self) -> None:
         async def close_all():

@@ -3,9 +3,12 @@ logic lives here; everything goes through the current Controller."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import contextlib
 import io
+import os
+import sys
 import tokenize
 from typing import Any
 
@@ -20,6 +23,7 @@ from IPython.core.magic_arguments import (
 
 from . import controller as ctl_module
 from .controller import CellHandle, ClusterError
+from .launch import run_script
 from .results import CellSyntaxError
 from .targets import TargetError, format_ranks
 
@@ -57,12 +61,18 @@ def _line_parser() -> MagicArgumentParser:
     p.add_argument("--workers", "-n", type=int, default=None)
     p.add_argument("--cpu", action="store_true", help="CPU workers even where GPUs are visible")
     p.add_argument("--threads", type=int, default=1, help="threads per worker")
+    _dist(p)
     p = sub.add_parser("connect", help="join a scheduler or wrap a distributed cluster object")
     p.add_argument("address", nargs="?")
     p.add_argument("--scheduler-file")
     p.add_argument("--cluster", metavar="MODULE:FACTORY")
     p.add_argument("--timeout", type=float, default=8)
     p.add_argument("--workers", "-n", type=int, default=None, help="wait for this many workers")
+    _dist(p)
+    p = sub.add_parser("run", help="run a torchrun-style script on every rank")
+    p.add_argument("script")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    _targets(p)
     for name, text in [
         ("status", "a table of the ranks"),
         ("down", "stop or leave the cluster"),
@@ -88,6 +98,16 @@ def _line_parser() -> MagicArgumentParser:
     p.add_argument("name")
     _targets(p)
     return parser
+
+
+def _dist(parser) -> None:
+    parser.add_argument(
+        "--no-dist",
+        dest="dist",
+        action="store_false",
+        help="do not form a torch.distributed process group",
+    )
+    parser.add_argument("--backend", default=None, help="nccl (RCCL on ROCm) or gloo")
 
 
 def _targets(parser) -> None:
@@ -146,6 +166,10 @@ class MonarchMagics(Magics):
             dash = f" (dashboard {ctl.client.dashboard_link})"
         print(f"monarch-nb: {verb} {ctl.world_size} ranks at {ctl.scheduler_address}{dash}")
         print(format_table(rows, ["rank", "host", "pid", "device"]))
+        if ctl.dist_backend:
+            print(f"torch.distributed: {ctl.dist_backend} process group over all ranks")
+        elif ctl.dist_error:
+            print(f"torch.distributed: {ctl.dist_error}", file=sys.stderr)
 
     # -- the magics -------------------------------------------------------------------------
     @line_cell_magic
@@ -220,7 +244,13 @@ class MonarchMagics(Magics):
 
     def _cmd_up(self, args):
         ctl = self._guard(
-            lambda: ctl_module.up(workers=args.workers, cpu=args.cpu, threads=args.threads)
+            lambda: ctl_module.up(
+                workers=args.workers,
+                cpu=args.cpu,
+                threads=args.threads,
+                dist=args.dist,
+                backend=args.backend,
+            )
         )
         self._print_ranks(ctl, "started")
 
@@ -231,10 +261,19 @@ class MonarchMagics(Magics):
                 scheduler_file=args.scheduler_file,
                 cluster=args.cluster,
                 timeout=args.timeout,
+                dist=args.dist,
+                backend=args.backend,
                 workers=args.workers,
             )
         )
         self._print_ranks(ctl, "connected to")
+
+    def _cmd_run(self, args):
+        ctl = self._ctl()
+        if not os.path.exists(args.script) and not os.path.isabs(args.script):
+            raise UsageError(f"run: no script at {args.script!r} (relative to {os.getcwd()})")
+        codes = self._guard(lambda: run_script(ctl, args.script, args.args, args.targets))
+        print(f"monarch-nb: {args.script} exited with code 0 on {format_ranks(codes.ranks)}")
 
     def _cmd_status(self, args):
         ctl = self._ctl()

@@ -220,6 +220,11 @@ def test_restart_gives_fresh_processes_with_the_same_ranks(clean):
     assert [r["pid"] for r in clean.status()] != pids
     assert [i.rank for i in clean.ranks] == [0, 1]
     assert clean.run("(rank, 'kept' in globals())").values() == [(0, False), (1, False)]
+    # The process group is formed again over the fresh processes.
+    code = (
+        "import torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()"
+    )
+    assert clean.run(code).values() == [2.0, 2.0]
 
 
 def test_up_while_up_is_refused(clean):
