@@ -25,7 +25,8 @@ setup:
 	fi
 
 lab: setup
-	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks
+	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=notebooks \
+		$(if $(filter 0,$(shell id -u)),--allow-root)
 
 lint: setup
 	$(VENV)/bin/ruff check .
