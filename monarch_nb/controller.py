@@ -15,6 +15,7 @@ import ast
 import asyncio
 import contextlib
 import itertools
+import sys
 import threading
 import time
 import uuid
@@ -33,6 +34,7 @@ from .targets import format_ranks, parse_targets
 
 INTERRUPT_GRACE = 1.5  # seconds the ranks get to stop after an interrupt before we give up
 SETUP_TIMEOUT = 300
+REPLACE_TIMEOUT = 60  # seconds to wait for a nanny to replace a worker that died
 
 _current: Controller | None = None
 
@@ -165,6 +167,8 @@ class Controller:
         self._router = Router()
         self._links: dict[int, Link] = {}
         self._cells = itertools.count(1)
+        self._notices: list[str] = []
+        self._notices_lock = threading.Lock()
         self._loop = client.loop.asyncio_loop
         self.dist_wanted, self.dist_backend_choice = dist, backend
         self.dist_backend: str | None = None  # the process group's backend, once formed
@@ -228,19 +232,22 @@ class Controller:
         self.ranks = self.rank_table(workers, previous=self.ranks or None)
         if not self.ranks:
             raise ClusterError("the cluster has no workers; scale it up and connect again")
-        self._links = {info.rank: Link(info, self._router) for info in self.ranks}
-        setup = Request("setup", [i.rank for i in self.ranks])
+        self._links = {}
+        self._open_links(self.ranks)
+
+    def _open_links(self, infos: list[RankInfo]) -> None:
+        """Attach to the engines of ``infos`` and wait until each has set up its namespace."""
+        links = {info.rank: Link(info, self._router, self._lost) for info in infos}
+        self._links.update(links)
+        setup = Request("setup", list(links))
         self._router.add(setup)
 
         async def open_all():
             args = self.client.connection_args
             await asyncio.gather(
-                *(
-                    link.open(self.id, len(self.ranks), setup.id, args)
-                    for link in self._links.values()
-                )
+                *(link.open(self.id, len(self.ranks), setup.id, args) for link in links.values())
             )
-            for link in self._links.values():
+            for link in links.values():
                 link.reader = asyncio.ensure_future(link.read_forever())
 
         self._on_loop(open_all(), timeout=30)
@@ -251,6 +258,64 @@ class Controller:
         if failed:
             rank, ev = next(iter(failed.items()))
             raise ClusterError(f"rank {rank} failed to start its engine: {_why(ev)}")
+
+    # -- a worker that goes away --------------------------------------------------------------
+    def _lost(self, rank: int, why: str) -> None:
+        """On the event loop: rank's worker vanished. Wait for the nanny's replacement."""
+        if self.closed:
+            return
+        info = self.ranks[rank]
+        self._notice(f"rank {rank} on {info.host} lost its worker ({why})")
+        threading.Thread(
+            target=self._replace, args=(rank,), daemon=True, name=f"monarch-replace-{rank}"
+        ).start()
+
+    def _replace(self, rank: int) -> None:
+        old = self.ranks[rank]
+        deadline = time.monotonic() + REPLACE_TIMEOUT
+        while time.monotonic() < deadline and not self.closed:
+            try:
+                workers = self.client.scheduler_info(n_workers=-1)["workers"]
+            except Exception:
+                return
+            for addr, w in workers.items():
+                if w.get("name", addr) == old.name and addr != old.address:
+                    info = RankInfo(rank, old.name, addr, w.get("host", old.host), old.local_rank)
+                    self.ranks[rank] = info
+                    try:
+                        self._open_links([info])
+                    except Exception as e:
+                        self._notice(f"rank {rank}: its replacement could not attach: {e}")
+                        return
+                    self._notice(
+                        f"rank {rank}: a replacement worker took its place with an "
+                        "empty namespace (what the old one held is lost)"
+                    )
+                    self._form_group()
+                    if self.dist_backend:
+                        self._notice(f"the {self.dist_backend} process group was formed again")
+                    return
+            time.sleep(0.25)
+        if not self.closed:
+            self._notice(
+                f"rank {rank}: no replacement worker joined within "
+                f"{REPLACE_TIMEOUT:.0f} s; use %monarch restart"
+            )
+
+    def _notice(self, text: str) -> None:
+        with self._notices_lock:
+            self._notices.append(text)
+
+    def announce(self) -> None:
+        """Print the notices to stderr (the magics and run() do this before they start)."""
+        for text in self.notices():
+            print(f"monarch-nb: {text}", file=sys.stderr)
+
+    def notices(self) -> list[str]:
+        """What happened to the cluster since the last call (lost and replaced workers)."""
+        with self._notices_lock:
+            out, self._notices = self._notices, []
+        return out
 
     def _on_loop(self, coro, timeout: float | None = None):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
@@ -390,13 +455,12 @@ class Controller:
         """Run ``code`` on every targeted rank; returns a ValueMesh of each rank's last
         expression (``block=False``: a CellHandle at once)."""
         self._check_open()
+        self.announce()
         ranks = self.targets(targets)
         ast.parse(code, "<cell>")  # a SyntaxError is reported before anything is sent
         busy = self._router.busy()
         waiting = sorted(set(busy) & set(ranks))
         if waiting and block and not quiet:
-            import sys
-
             print(
                 f"{format_ranks(waiting)} are busy with an earlier cell; this cell waits for "
                 "them (interrupt to cancel it)",
@@ -489,6 +553,8 @@ class Controller:
 
     def status(self) -> list[dict[str, Any]]:
         """One row per rank: rank, host, pid, device, state, names."""
+        self._check_open()
+        self.announce()
         alive = [i.rank for i in self.ranks if i.alive]
         req = self._submit("info", alive, {"op": "info"})
         outcomes = self._gather(req, Renderer(alive), deadline=time.monotonic() + 5)

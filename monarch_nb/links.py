@@ -89,9 +89,11 @@ class Router:
 class Link:
     """The controller's comm to one rank's engine. Methods run on the client's event loop."""
 
-    def __init__(self, info: RankInfo, router: Router):
+    def __init__(self, info: RankInfo, router: Router, on_lost=None):
         self.info = info
         self.router = router
+        self.on_lost = on_lost  # called with (rank, why) when the worker goes away
+        self.closing = False
         self.comm = None
         self.batched: BatchedSend | None = None
         self.reader: asyncio.Future | None = None
@@ -123,6 +125,8 @@ class Link:
         finally:
             self.info.alive = False
             self.router.lost(self.info.rank, why)
+            if self.on_lost is not None and not self.closing:
+                self.on_lost(self.info.rank, why)
 
     def send(self, msg: dict[str, Any]) -> None:
         if self.batched is None or self.comm is None or self.comm.closed():
@@ -134,6 +138,7 @@ class Link:
         self.batched.send(msg)
 
     async def close(self) -> None:
+        self.closing = True
         if self.batched is not None:
             await self.batched.close(timeout=2)
         if self.comm is not None and not self.comm.closed():

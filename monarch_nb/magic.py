@@ -155,6 +155,7 @@ class MonarchMagics(Magics):
         ctl = ctl_module.current()
         if ctl is None or ctl.closed:
             raise UsageError(NO_CLUSTER)
+        ctl.announce()
         return ctl
 
     def _print_ranks(self, ctl, verb: str) -> None:
