@@ -5,6 +5,7 @@
 """
 
 from .controller import CellHandle, ClusterError, Controller, connect, current, up
+from .metrics import history, log
 from .results import CellError, CellTimeout, RemoteError, UnserializableResult, ValueMesh
 from .targets import TargetError, parse_targets
 
@@ -20,7 +21,9 @@ __all__ = [
     "ValueMesh",
     "connect",
     "current",
+    "history",
     "load_ipython_extension",
+    "log",
     "parse_targets",
     "unload_ipython_extension",
     "up",

@@ -25,7 +25,7 @@ from typing import Any
 import cloudpickle
 
 from . import cluster as clusters
-from . import remote
+from . import metrics, remote
 from .engine import PLUGIN_NAME, EnginePlugin
 from .links import Link, RankInfo, Request, Router
 from .output import ConsoleSink, Renderer, live_sink
@@ -174,6 +174,7 @@ class Controller:
         self.dist_backend: str | None = None  # the process group's backend, once formed
         self.dist_error: str | None = None
         self.client.register_plugin(EnginePlugin(), name=PLUGIN_NAME)
+        self.metrics = metrics.install(self.client)
         self._attach(self._wait_for_workers(expected or 1, timeout=60))
         self._form_group()
 
@@ -617,6 +618,7 @@ class Controller:
         if self.closed:
             return
         self.closed = True
+        self.metrics.close()
         self._close_links()
         try:
             self.client.close()

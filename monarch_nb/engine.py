@@ -36,14 +36,13 @@ IDENTITY = ("rank", "world_size", "local_rank", "host", "device", "display")
 CELL_PREFIX = "<monarch cell "
 
 
-def get_engine():
-    """The engine of the worker this code runs on, or None outside a monarch worker."""
-    try:
-        from distributed import get_worker
+_engine: Engine | None = None  # the engine of this worker process, once it has one
 
-        return get_worker().extensions.get("monarch")
-    except ValueError:
-        return None
+
+def get_engine() -> Engine | None:
+    """The engine of the worker process this code runs in (a cell, an actor, a task), or None
+    outside a monarch worker."""
+    return _engine
 
 
 class Channel:
@@ -393,4 +392,6 @@ class EnginePlugin(WorkerPlugin):
         if engine is None:
             os.environ.setdefault("MPLBACKEND", "Agg")
             engine = worker.extensions["monarch"] = Engine(worker)
+            global _engine
+            _engine = engine
         worker.handlers["monarch_attach"] = engine.attach

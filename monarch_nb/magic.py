@@ -22,6 +22,7 @@ from IPython.core.magic_arguments import (
 )
 
 from . import controller as ctl_module
+from . import metrics
 from .controller import CellHandle, ClusterError
 from .launch import run_script
 from .results import CellSyntaxError
@@ -78,6 +79,7 @@ def _line_parser() -> MagicArgumentParser:
         ("down", "stop or leave the cluster"),
         ("restart", "fresh worker processes, same ranks, empty namespaces"),
         ("auto", "toggle: run every following cell on the workers"),
+        ("metrics", "the latest logged values and telemetry of every rank"),
     ]:
         sub.add_parser(name, help=text)
     p = sub.add_parser("reset", help="clear the namespaces")
@@ -188,7 +190,7 @@ class MonarchMagics(Magics):
             In [6]: %monarch down
 
         Commands: up, connect, status, down, restart, reset, push, pull, scatter, gather,
-        auto, interrupt (``%monarch COMMAND -h`` shows each one's options).
+        run, auto, metrics, interrupt (``%monarch COMMAND -h`` shows each one's options).
 
         Cell magic (``%%monarch [--targets SPEC] [--noblock] [--out NAME] [--no-stream]
         [--no-collapse] [--timeout S]``)::
@@ -209,8 +211,8 @@ class MonarchMagics(Magics):
     def _line(self, line: str):
         if not line.strip():
             raise UsageError(
-                "%monarch needs a command: up, connect, status, down, restart, "
-                "reset, push, pull, scatter, gather, auto or interrupt"
+                "%monarch needs a command: up, connect, status, down, restart, reset, "
+                "push, pull, scatter, gather, run, auto, metrics or interrupt"
             )
         head, _, rest = line.strip().partition(" ")
         if head == "push":
@@ -275,6 +277,10 @@ class MonarchMagics(Magics):
             raise UsageError(f"run: no script at {args.script!r} (relative to {os.getcwd()})")
         codes = self._guard(lambda: run_script(ctl, args.script, args.args, args.targets))
         print(f"monarch-nb: {args.script} exited with code 0 on {format_ranks(codes.ranks)}")
+
+    def _cmd_metrics(self, args):
+        self._ctl()
+        print(metrics.format_latest())
 
     def _cmd_status(self, args):
         ctl = self._ctl()
