@@ -452,9 +452,11 @@ class Controller:
         stream: bool = True,
         collapse: bool = True,
         quiet: bool = False,
+        watch=None,
     ):
         """Run ``code`` on every targeted rank; returns a ValueMesh of each rank's last
-        expression (``block=False``: a CellHandle at once)."""
+        expression (``block=False``: a CellHandle at once). ``watch(request)`` is called once
+        the cell is sent (the magic puts a live panel on it)."""
         self._check_open()
         self.announce()
         ranks = self.targets(targets)
@@ -472,6 +474,8 @@ class Controller:
         )
         sink = None if block else live_sink(f"[{format_ranks(ranks)}] running in the background")
         renderer = Renderer(ranks, sink=sink, collapse=collapse, stream=stream)
+        if watch is not None:
+            watch(req)
         if not block:
             return CellHandle(self, req, renderer, timeout)
         outcomes, stopped = self._collect(req, renderer, timeout)

@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import queue
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,8 @@ class Request:
         self.ranks = list(ranks)
         self.events: queue.Queue = queue.Queue()
         self.remaining = set(ranks)  # updated on the event loop
+        self.status: dict[int, str] = {}  # rank -> "ok" / "error" / "lost" / ..., once done
+        self.t0 = time.time()
 
 
 class Router:
@@ -63,6 +66,7 @@ class Router:
             if req is None:
                 return
             if ev["ev"] == "done":
+                req.status[rank] = ev["status"]
                 req.remaining.discard(rank)
                 if not req.remaining:
                     del self._requests[req.id]

@@ -22,11 +22,12 @@ from IPython.core.magic_arguments import (
 )
 
 from . import controller as ctl_module
-from . import metrics
+from . import metrics, plots
 from .controller import CellHandle, ClusterError
 from .launch import run_script
 from .results import CellSyntaxError
 from .targets import TargetError, format_ranks
+from .widgets import CellWatch, LivePanel, widgets_available
 
 NO_CLUSTER = "no cluster is up; start one with %monarch up (or %monarch connect ADDRESS)"
 
@@ -80,8 +81,11 @@ def _line_parser() -> MagicArgumentParser:
         ("restart", "fresh worker processes, same ranks, empty namespaces"),
         ("auto", "toggle: run every following cell on the workers"),
         ("metrics", "the latest logged values and telemetry of every rank"),
+        ("dashboard", "a live panel of every rank's GPU and loss, until the cluster goes down"),
     ]:
         sub.add_parser(name, help=text)
+    p = sub.add_parser("plot", help="the logged metrics as a static bokeh figure")
+    p.add_argument("--save", metavar="FILE", help="write a standalone .html file")
     p = sub.add_parser("reset", help="clear the namespaces")
     _targets(p)
     p = sub.add_parser("interrupt", help="interrupt the running cell on the ranks")
@@ -151,6 +155,7 @@ class MonarchMagics(Magics):
         super().__init__(shell)
         self.parser = _line_parser()
         self.auto = False
+        self.dashboard: LivePanel | None = None
 
     # -- helpers ----------------------------------------------------------------------------
     def _ctl(self):
@@ -278,6 +283,33 @@ class MonarchMagics(Magics):
         codes = self._guard(lambda: run_script(ctl, args.script, args.args, args.targets))
         print(f"monarch-nb: {args.script} exited with code 0 on {format_ranks(codes.ranks)}")
 
+    def _cmd_dashboard(self, args):
+        ctl = self._ctl()
+        if self.dashboard is not None:
+            self.dashboard.close()
+            self.dashboard = None
+        if not widgets_available():
+            print(metrics.format_latest())
+            return
+        from IPython.display import display
+
+        self.dashboard = LivePanel(ctl, title="monarch-nb dashboard")
+        display(self.dashboard.widget)
+        self.dashboard.start()
+
+    def _cmd_plot(self, args):
+        history = metrics.history()
+        if not history.names():
+            raise UsageError(
+                "plot: nothing was logged yet; call monarch_nb.log(step=..., loss=...) "
+                "in a %%monarch cell first"
+            )
+        if args.save:
+            path = self._guard(lambda: plots.save(history, args.save))
+            print(f"monarch-nb: wrote {path}")
+            return None
+        return plots.show(history)
+
     def _cmd_metrics(self, args):
         self._ctl()
         print(metrics.format_latest())
@@ -378,6 +410,7 @@ class MonarchMagics(Magics):
             and not cell.rstrip().endswith(";")
         )
         block = True if args.block is None else args.block
+        watch = CellWatch(ctl, block) if args.panel is not False else None
         try:
             result = ctl.run(
                 cell,
@@ -386,6 +419,7 @@ class MonarchMagics(Magics):
                 timeout=args.timeout,
                 stream=args.stream is not False,
                 collapse=args.collapse is not False,
+                watch=watch,
             )
         except (TargetError, ClusterError) as e:
             raise UsageError(str(e)) from None
@@ -393,6 +427,9 @@ class MonarchMagics(Magics):
             if args.out:
                 self.shell.user_ns[args.out] = e.results
             raise
+        finally:
+            if watch is not None:
+                watch.finish()
         if args.out:
             self.shell.user_ns[args.out] = result
         if isinstance(result, CellHandle):
@@ -449,6 +486,14 @@ class MonarchMagics(Magics):
         default=None,
         help="interrupt the ranks still running after S seconds",
     )
+    @argument(
+        "--panel",
+        dest="panel",
+        action="store_true",
+        default=None,
+        help="show the live panel under a cell that runs past a second (the default)",
+    )
+    @argument("--no-panel", dest="panel", action="store_false", help="no live panel")
     def _cell_args(self, line):
         """%%monarch options."""
 

@@ -1,0 +1,205 @@
+"""The live notebook panel: a bar per rank for utilization and memory (device names shown), the
+loss with one line per rank, and each rank's cell state.
+
+Built from existing widgets (ipywidgets, and bokeh figures from ``figures`` rendered through
+``jupyter_bokeh``); values change in place on their data sources, never redrawn, at most
+``hz`` times a second however fast the metrics arrive. Where widgets are unavailable the panel
+falls back to text.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+from typing import Any
+
+from . import figures
+from .targets import format_ranks
+
+DEFAULT_HZ = 2.0
+SHOW_AFTER = 1.0  # seconds a blocking cell runs before its panel appears
+_STATE_COLORS = {
+    "running": "#1f77b4",
+    "done": "#2ca02c",
+    "error": "#d62728",
+    "lost": "#d62728",
+    "cancelled": "#7f7f7f",
+    "queued": "#7f7f7f",
+}
+
+
+def widgets_available() -> bool:
+    """ipywidgets and jupyter_bokeh import, and a Jupyter kernel will render them."""
+    try:
+        import ipywidgets  # noqa: F401
+        import jupyter_bokeh  # noqa: F401
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+class LivePanel:
+    """A live view of one cluster; ``track(request)`` adds the state of a running cell."""
+
+    def __init__(self, ctl, hz: float = DEFAULT_HZ, title: str = "monarch-nb"):
+        from bokeh.models import ColumnDataSource
+        from ipywidgets import HTML, VBox
+        from jupyter_bokeh import BokehModel
+
+        self.ctl = ctl
+        self.interval = 1.0 / hz
+        self.title = title
+        self.request = None
+        self.updates = 0  # how many times the values changed (tests read it)
+        self._bars = ColumnDataSource(figures.bar_columns({"ranks": []}))
+        self._loss = ColumnDataSource(figures.loss_columns({"loss": []}))
+        self.header = HTML()
+        self.states = HTML()
+        self.figures = BokehModel(figures.layout(self._bars, self._loss))
+        self.widget = VBox([self.header, self.states, self.figures])
+        self._dirty = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._unsubscribe = ctl.metrics.subscribe(lambda _event: self._dirty.set())
+        self._released = False
+        self._last_snapshot: dict[str, Any] | None = None
+        self.refresh()
+
+    # -- what the panel shows --------------------------------------------------------------
+    def track(self, request) -> None:
+        """Show the state of ``request`` (a cell) on each of its ranks until it finishes."""
+        self.request = request
+        self._dirty.set()
+
+    def cell_states(self) -> dict[int, tuple[str, float | None]]:
+        """rank -> (state, seconds since the cell started)."""
+        req = self.request
+        if req is None:
+            return {}
+        now = time.time()
+        states = {}
+        for rank in req.ranks:
+            status = req.status.get(rank)
+            if status is None and rank in req.remaining:
+                states[rank] = ("running", now - req.t0)
+            else:
+                states[rank] = ({"ok": "done"}.get(status, status or "done"), None)
+        return states
+
+    def refresh(self) -> None:
+        """Read the hub once and change the figures' data in place."""
+        snapshot = self.ctl.metrics.store.snapshot()
+        if snapshot != self._last_snapshot:
+            view = figures.rank_view({"workers": [], "metrics": snapshot})
+            self._bars.data = figures.bar_columns(view)
+            self._loss.data = figures.loss_columns(view)
+            self._last_snapshot = snapshot
+            self.updates += 1
+        self.header.value = self._header_html()
+        self.states.value = self._states_html()
+
+    def _header_html(self) -> str:
+        state = "down" if self.ctl.closed else f"{self.ctl.world_size} ranks"
+        return (
+            f"<b>{html.escape(self.title)}</b> &middot; {html.escape(state)} at "
+            f"<code>{html.escape(str(self.ctl.scheduler_address))}</code>"
+        )
+
+    def _states_html(self) -> str:
+        states = self.cell_states()
+        if not states:
+            return ""
+        cells = []
+        for rank, (state, elapsed) in sorted(states.items()):
+            color = _STATE_COLORS.get(state, "#333")
+            since = f" {elapsed:.1f} s" if elapsed is not None else ""
+            cells.append(
+                f'<span style="margin-right:1em;color:{color}">rank {rank}: '
+                f"{html.escape(state)}{since}</span>"
+            )
+        return "<div>" + "".join(cells) + "</div>"
+
+    # -- running -----------------------------------------------------------------------------
+    def start(self) -> LivePanel:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, daemon=True, name="monarch-panel")
+            self._thread.start()
+        return self
+
+    def _release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._unsubscribe()
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self._release()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._dirty.wait(self.interval)
+            self._dirty.clear()
+            try:
+                self.refresh()
+            except Exception:  # the cluster went down under us: show what we have
+                if self.ctl.closed:
+                    break
+            if self.request is not None and not self.request.remaining:
+                self.refresh()
+                break
+            self._stop.wait(self.interval)
+
+    def close(self) -> None:
+        """Stop updating (the widget keeps its last values)."""
+        self._stop.set()
+        self._dirty.set()
+        self._release()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2)
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+
+class CellWatch:
+    """Puts a live panel under a ``%%monarch`` cell: at once for ``--noblock`` cells, after
+    SHOW_AFTER seconds for a blocking cell (short cells get no panel)."""
+
+    def __init__(self, ctl, block: bool):
+        self.ctl, self.block = ctl, block
+        self.panel: LivePanel | None = None
+        self._timer: threading.Timer | None = None
+
+    def __call__(self, request) -> None:
+        if not widgets_available():
+            return
+        if self.block:
+            self._timer = threading.Timer(SHOW_AFTER, self._show, args=(request,))
+            self._timer.daemon = True
+            self._timer.start()
+        else:
+            self._show(request)
+
+    def _show(self, request) -> None:
+        if self.block and not request.remaining:
+            return
+        from IPython.display import display
+
+        self.panel = LivePanel(self.ctl, title=f"cell on {format_ranks(request.ranks)}")
+        self.panel.track(request)
+        display(self.panel.widget)
+        self.panel.start()
+
+    def finish(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self.panel is not None and self.block:
+            self.panel.refresh()
+            self.panel.close()
