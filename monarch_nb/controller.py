@@ -15,6 +15,7 @@ import ast
 import asyncio
 import contextlib
 import itertools
+import queue
 import sys
 import threading
 import time
@@ -362,7 +363,7 @@ class Controller:
                 wait = 0.1 if deadline is None else min(0.1, max(0.0, deadline - time.monotonic()))
                 try:
                     rank, ev = req.events.get(timeout=wait)
-                except Exception:
+                except queue.Empty:
                     renderer.tick()
                     if deadline is not None and time.monotonic() >= deadline:
                         raise TimeoutError from None

@@ -91,7 +91,8 @@ class Engine:
         self.device_info: dict[str, Any] = {}
         self.namespace: dict[str, Any] = {}
         self.channels: dict[str, Channel] = {}
-        self._queue: queue.Queue = queue.Queue()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queued: set[str] = set()  # ids waiting in _queue (read by interrupt and info)
         self._lock = threading.Lock()
         self._current: str | None = None
         self._started_at: float | None = None
@@ -111,7 +112,7 @@ class Engine:
         if old is not None:
             old.comm.abort()
         self.channels[controller] = channel
-        self._queue.put((channel, {"op": "setup", "id": identity.pop("setup_id"), **identity}))
+        self._enqueue(channel, {"op": "setup", "id": identity.pop("setup_id"), **identity})
         try:
             while True:
                 for msg in await comm.read():
@@ -130,13 +131,17 @@ class Engine:
         elif op == "info":
             channel.reply({"ev": "done", "id": msg["id"], "status": "ok", "info": self.info()})
         else:
-            self._queue.put((channel, msg))
+            self._enqueue(channel, msg)
+
+    def _enqueue(self, channel: Channel, msg: dict[str, Any]) -> None:
+        self._queued.add(msg["id"])
+        self._queue.put((channel, msg))
 
     def interrupt(self, cell_id: str | None = None) -> None:
         """Raise KeyboardInterrupt in the running cell (or drop ``cell_id`` if still queued)."""
         with self._lock:
             if cell_id is not None and cell_id != self._current:
-                if any(m["id"] == cell_id for _, m in list(self._queue.queue)):
+                if cell_id in self._queued:
                     self._cancelled.add(cell_id)
                 return
             if self._in_user and self._thread.ident is not None:
@@ -154,7 +159,7 @@ class Engine:
             "device": self.device_info,
             "busy_since": self._started_at,
             "current": self._current,
-            "queued": self._queue.qsize(),
+            "queued": len(self._queued),
             "names": len(names),
         }
 
@@ -162,6 +167,7 @@ class Engine:
     def _main(self) -> None:
         while True:
             channel, msg = self._queue.get()
+            self._queued.discard(msg["id"])
             try:
                 self._handle(channel, msg)
             except BaseException:

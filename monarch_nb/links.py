@@ -43,7 +43,7 @@ class Request:
         self.id = new_id(kind)
         self.kind = kind
         self.ranks = list(ranks)
-        self.events: queue.Queue = queue.Queue()
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.remaining = set(ranks)  # updated on the event loop
         self.status: dict[int, str] = {}  # rank -> "ok" / "error" / "lost" / ..., once done
         self.t0 = time.time()
