@@ -1,5 +1,5 @@
 # The README's commands. Everything lives in .venv; each target sets it up first and a second
-# run only re-installs when pyproject.toml or TORCH changed.
+# run only re-installs when pyproject.toml, the sidebar's sources or TORCH changed.
 #   make lab    JupyterLab on notebooks/, bound to 127.0.0.1
 #   make test   lint + the whole test suite
 #   make bench  the benchmarks in benchmarks/
@@ -10,9 +10,11 @@ TORCH ?= torch==2.13.0
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.monarch-installed
-WANT = $(TORCH) | $(shell cat pyproject.toml | cksum)
+# What the install depends on: the torch build, the project file and the sidebar's sources.
+WANT = $(TORCH) | $(shell cat pyproject.toml extension/package.json \
+	$$(find extension/src extension/style extension/schema -type f | sort) | cksum)
 
-.PHONY: setup lab test lint bench clean
+.PHONY: setup lab test lint bench browser clean
 
 setup:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,8 +33,13 @@ lab: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	cd extension && npx tsc --noEmit
 
-test: lint
+# The browser tests drive Debian's Chromium (never a downloaded browser).
+browser:
+	@test -x /usr/bin/chromium || (apt-get update -q && apt-get install -y -q chromium)
+
+test: lint browser
 	$(PY) -m pytest
 
 bench: setup

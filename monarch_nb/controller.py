@@ -26,7 +26,7 @@ from typing import Any
 import cloudpickle
 
 from . import cluster as clusters
-from . import metrics, remote
+from . import dashboard, metrics, registry, remote
 from .engine import PLUGIN_NAME, EnginePlugin
 from .links import Link, RankInfo, Request, Router
 from .output import ConsoleSink, Renderer, live_sink
@@ -178,6 +178,8 @@ class Controller:
         self.metrics = metrics.install(self.client)
         self._attach(self._wait_for_workers(expected or 1, timeout=60))
         self._form_group()
+        dashboard.install(self.client)  # /monarch pages on the scheduler's dashboard server
+        registry.register(self)  # so the JupyterLab sidebar finds this cluster
 
     def _form_group(self) -> None:
         from .dist import DistError, form_group
@@ -623,6 +625,7 @@ class Controller:
         if self.closed:
             return
         self.closed = True
+        registry.unregister(self)
         self.metrics.close()
         self._close_links()
         try:

@@ -1,0 +1,46 @@
+/** Small text formatters shared by the components. */
+
+export function formatBytes(n: number | null): string {
+  if (n === null || n === undefined) {
+    return '-';
+  }
+  const gib = n / 2 ** 30;
+  return gib >= 1 ? `${gib.toFixed(1)} GiB` : `${(n / 2 ** 20).toFixed(0)} MiB`;
+}
+
+/** "3 min", "2 h 5 min": how long ago `epochSeconds` was. */
+export function formatSince(epochSeconds: number, now: number = Date.now()): string {
+  const s = Math.max(0, Math.round(now / 1000 - epochSeconds));
+  if (s < 60) {
+    return `${s} s`;
+  }
+  const m = Math.floor(s / 60);
+  if (m < 60) {
+    return `${m} min`;
+  }
+  const h = Math.floor(m / 60);
+  return `${h} h ${m % 60} min`;
+}
+
+export function formatNumber(v: number | null): string {
+  if (v === null || v === undefined || !Number.isFinite(v)) {
+    return '-';
+  }
+  const a = Math.abs(v);
+  return a !== 0 && (a < 1e-3 || a >= 1e5) ? v.toExponential(2) : String(+v.toPrecision(4));
+}
+
+export function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  className = '',
+  text = ''
+): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  if (className) {
+    node.className = className;
+  }
+  if (text) {
+    node.textContent = text;
+  }
+  return node;
+}

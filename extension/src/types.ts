@@ -1,0 +1,71 @@
+/** The shapes of the server extension's JSON (monarch_nb/server.py, monarch_nb/figures.py). */
+
+/** One registered cluster: GET /monarch/api/clusters. */
+export interface ICluster {
+  id: string;
+  scheduler_address: string;
+  dashboard_url: string | null;
+  ranks: number;
+  /** Seconds since the epoch. */
+  started: number;
+  pid: number;
+  kernel_id: string | null;
+  notebook: string | null;
+}
+
+/** One rank as the scheduler and the telemetry see it. */
+export interface IRankRow {
+  rank: number | string;
+  worker: string | null;
+  host: string | null;
+  status: string;
+  device: string | null;
+  kind: string | null;
+  /** Percent: the GPU's utilization, or the worker's CPU when `util_of` is "cpu". */
+  util: number | null;
+  util_of: 'gpu' | 'cpu';
+  mem_used: number | null;
+  mem_total: number | null;
+  step: number | null;
+  loss: number | null;
+}
+
+export interface ILossSeries {
+  rank: number | string;
+  steps: number[];
+  values: number[];
+}
+
+/** GET /monarch/api/clusters/<id>/metrics; "gone" (HTTP 410) when the scheduler is dead. */
+export interface IMetrics {
+  id: string;
+  state: 'up' | 'gone';
+  message?: string;
+  time?: number;
+  ranks: IRankRow[];
+  loss: ILossSeries[];
+}
+
+export const PALETTE = [
+  '#1f77b4',
+  '#ff7f0e',
+  '#2ca02c',
+  '#d62728',
+  '#9467bd',
+  '#8c564b',
+  '#e377c2',
+  '#7f7f7f',
+  '#bcbd22',
+  '#17becf'
+];
+
+/** The same colour per rank as the bokeh figures (monarch_nb/figures.py). */
+export function rankColor(rank: number | string): string {
+  return typeof rank === 'number'
+    ? PALETTE[rank % PALETTE.length]
+    : PALETTE[PALETTE.length - 1];
+}
+
+export function rankName(rank: number | string): string {
+  return typeof rank === 'number' ? `rank ${rank}` : String(rank);
+}
