@@ -1,0 +1,153 @@
+"""Autotune configurations, one function per Triton backend, and the one ``is_hip()``.
+
+Three kernel kinds share the meta-parameters ``BLOCK_M`` (batch rows), ``BLOCK_O`` (output
+features of a block) and ``BLOCK_C`` (the reduction):
+
+* ``"stage"`` — one block-diagonal stage (``_block_matmul_kernel``);
+* ``"fused"`` — both stages in one pass (``_monarch_fused_kernel``). Its per-program scratch
+  is ``BLOCK_M x k*q`` and must stay in L2, so its ``BLOCK_M`` stays small;
+* ``"wgrad"`` — weight gradients (``_block_wgrad_kernel``); ``BLOCK_M`` is the reduction step.
+
+Override with ``MONARCH_KERNELS_CONFIGS``: ``cuda`` or ``hip`` forces a backend's set, or give
+configs explicitly, ``;``-separated, e.g.
+``MONARCH_KERNELS_CONFIGS="BLOCK_M=64,BLOCK_O=64,BLOCK_C=32,num_warps=4,num_stages=3"``
+(HIP options such as ``waves_per_eu=2`` are accepted too). An explicit list applies to every
+kind, except that ``fused`` keeps only entries with ``BLOCK_M <= 64``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+ENV_VAR = "MONARCH_KERNELS_CONFIGS"
+FUSED_MAX_BLOCK_M = 64
+KINDS = ("stage", "fused", "wgrad")
+
+# Shared memory (NVIDIA) / LDS (AMD) per SM or CU that one program may plan for.
+_SMEM_BYTES = {"cuda": 160 * 1024, "gfx942": 64 * 1024, "gfx950": 160 * 1024}
+
+
+def is_hip() -> bool:
+    """True when the active Triton backend is AMD's (ROCm), from the driver or torch's build."""
+    try:
+        return triton.runtime.driver.active.get_current_target().backend == "hip"
+    except (RuntimeError, AttributeError, IndexError):
+        return torch.version.hip is not None
+
+
+def hip_arch() -> str:
+    """The gfx name of the active AMD GPU, ``gfx942`` (MI300X) when it cannot be read."""
+    try:
+        return str(triton.runtime.driver.active.get_current_target().arch)
+    except (RuntimeError, AttributeError, IndexError):
+        return "gfx942"
+
+
+def _fits(cfg: triton.Config, smem_bytes: int, elt: int = 2) -> bool:
+    """Operand tiles of every pipeline stage must fit the chip's shared memory / LDS."""
+    kw = cfg.kwargs
+    tile = (kw["BLOCK_M"] + kw["BLOCK_O"]) * kw["BLOCK_C"] * elt
+    return tile * max(cfg.num_stages, 1) <= smem_bytes
+
+
+def _cuda_configs(kind: str = "stage") -> list[triton.Config]:
+    """NVIDIA Ampere (A100: 164 KB smem/SM) and Hopper (H100/H200: 228 KB smem/SM).
+
+    Monarch blocks are narrow (32-256), so BLOCK_O/BLOCK_C beyond 128 only pad. Wide BLOCK_M
+    amortises the weight tile over many rows, which is what the memory-bound many-block case
+    needs; 3-4 stages of cp.async/TMA pipelining hide HBM latency within the 160 KB we plan for.
+    """
+    if kind == "fused":
+        # One program per SM holds BLOCK_M x k*q of scratch in L2: 16-32 rows keep 132 SMs'
+        # scratch within a few tens of MB at width 4096.
+        shapes = [(16, 64, 64, 4, 3), (32, 64, 64, 4, 3), (32, 128, 64, 8, 3), (64, 64, 32, 4, 3)]
+    elif kind == "wgrad":
+        # BLOCK_M is the reduction here: long K-loops favour deeper pipelines.
+        shapes = [(64, 64, 64, 4, 3), (128, 64, 64, 4, 4), (128, 128, 64, 8, 3), (32, 32, 32, 4, 4)]
+    else:
+        shapes = [
+            (64, 64, 32, 4, 3),
+            (128, 64, 32, 4, 3),
+            (128, 128, 32, 8, 3),
+            (128, 64, 64, 4, 4),
+            (32, 64, 64, 4, 4),
+        ]
+    cfgs = [
+        triton.Config({"BLOCK_M": m, "BLOCK_O": o, "BLOCK_C": c}, num_warps=w, num_stages=s)
+        for m, o, c, w, s in shapes
+    ]
+    return [c for c in cfgs if _fits(c, _SMEM_BYTES["cuda"])]
+
+
+def _hip_configs(kind: str = "stage", arch: str | None = None) -> list[triton.Config]:
+    """AMD CDNA3 (MI300X, gfx942: 304 CUs, 64 KB LDS/CU) and CDNA4 (MI355X, gfx950: 160 KB LDS).
+
+    A wavefront is 64 lanes, so num_warps=4 is already 256 threads. The AMD stream pipeliner
+    wants num_stages=2 (one tile in flight; more only spends LDS, which MI300 has 64 KB of).
+    waves_per_eu=2 lets two programs share an EU to hide HBM latency in the memory-bound
+    case; matrix_instr_nonkdim=16 picks 16x16 MFMA, which wastes less on narrow blocks than
+    32x32. MI355X's larger LDS admits the wider tiles.
+    """
+    arch = arch or hip_arch()
+    big = arch.startswith("gfx95")
+    if kind == "fused":
+        shapes = [(16, 64, 64, 4, 2, 2), (32, 64, 64, 4, 2, 2), (64, 64, 32, 4, 2, 1)]
+    elif kind == "wgrad":
+        shapes = [(64, 64, 64, 4, 2, 2), (128, 64, 32, 4, 2, 2), (32, 32, 32, 4, 2, 2)]
+        if big:
+            shapes.append((128, 128, 64, 8, 2, 1))
+    else:
+        shapes = [(64, 64, 32, 4, 2, 2), (128, 64, 32, 4, 2, 2), (32, 64, 64, 4, 2, 2)]
+        if big:
+            shapes += [(128, 128, 64, 8, 2, 1), (256, 64, 64, 8, 2, 1)]
+    cfgs = [
+        triton.Config(
+            {
+                "BLOCK_M": m,
+                "BLOCK_O": o,
+                "BLOCK_C": c,
+                "waves_per_eu": wpe,
+                "matrix_instr_nonkdim": 16,
+            },
+            num_warps=w,
+            num_stages=s,
+        )
+        for m, o, c, w, s, wpe in shapes
+    ]
+    return [c for c in cfgs if _fits(c, _SMEM_BYTES["gfx950" if big else "gfx942"])]
+
+
+def _parse(spec: str) -> list[triton.Config]:
+    cfgs = []
+    for entry in filter(None, (e.strip() for e in spec.split(";"))):
+        kwargs, opts = {}, {}
+        for item in entry.split(","):
+            key, sep, value = item.partition("=")
+            key = key.strip()
+            if not sep or not value.strip().lstrip("-").isdigit():
+                raise ValueError(f"{ENV_VAR}: expected KEY=INT items, got {item!r} in {entry!r}")
+            (opts if key in ("num_warps", "num_stages") else kwargs)[key] = int(value)
+        missing = {"BLOCK_M", "BLOCK_O", "BLOCK_C"} - kwargs.keys()
+        if missing:
+            raise ValueError(f"{ENV_VAR}: entry {entry!r} lacks {', '.join(sorted(missing))}")
+        cfgs.append(triton.Config(kwargs, **opts))
+    return cfgs
+
+
+def get_configs(kind: str) -> list[triton.Config]:
+    """The configs autotuning tries for ``kind``: the override, else the active backend's."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown kernel kind {kind!r}; expected one of {KINDS}")
+    spec = os.environ.get(ENV_VAR, "").strip()
+    if spec in ("", "cuda", "hip"):
+        hip = is_hip() if spec == "" else spec == "hip"
+        return _hip_configs(kind) if hip else _cuda_configs(kind)
+    cfgs = _parse(spec)
+    if kind == "fused":
+        cfgs = [c for c in cfgs if c.kwargs["BLOCK_M"] <= FUSED_MAX_BLOCK_M]
+        if not cfgs:
+            raise ValueError(f"{ENV_VAR}: the fused kernel needs an entry with BLOCK_M <= 64")
+    return cfgs

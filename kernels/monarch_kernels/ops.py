@@ -1,0 +1,188 @@
+# ruff: noqa: E741
+# (k, q, p, l, s, r are the specification's names; l is a block count.)
+"""``monarch_kernels::monarch_matmul``: the Monarch product as one opaque ``torch.library`` op.
+
+On a GPU (CUDA or ROCm) the op runs the Triton kernels; everywhere else, or when Triton is
+absent or too old, it runs the torch path below.
+
+The torch path works "batch-last": it computes ``out.T`` (s*l, B) from ``x.T`` (n, B). In that
+orientation the ``(r l) -> (l r)`` permutation acts on the *row* index of a column-major-ish
+operand, so it is a stride that BLAS accepts as a leading dimension and is never copied:
+
+* ``x.T`` block i is ``x.view(B, k, p).permute(1, 2, 0)[i]`` (p, B), a transposed operand;
+* stage 1 writes ``h.T`` (k*q, B) contiguously; viewed as (r, l, B) and transposed it *is* the
+  stage-2 operand (l, r, B), with row stride l*B.
+
+What is left is putting ``(l, s, B)`` into the output's order: a copy of whole rows of B
+elements and one 2-d transpose, where the two-bmm pipeline copies the intermediate and then
+gathers the output with a 3-d permutation. (``bmm(..., out=strided_view)`` would skip the row
+copy, but on CPU it falls off the fast path and is slower.)
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from .reference import monarch_shapes
+
+_MIN_TRITON = (3, 0)
+_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # float64 takes the torch path
+_triton_state: dict[str, object] = {}
+
+
+def _check(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> tuple[int, ...]:
+    for name, t in (("x", x), ("w1", w1), ("w2", w2)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(
+                f"monarch_matmul: {name} must be a torch.Tensor, got {type(t).__name__}"
+            )
+        if not t.dtype.is_floating_point:
+            raise TypeError(
+                f"monarch_matmul: {name} has dtype {t.dtype}; expected a floating dtype "
+                "(float32, float16, bfloat16 or float64)"
+            )
+    if not (x.dtype == w1.dtype == w2.dtype):
+        raise TypeError(
+            f"monarch_matmul: mixed dtypes x={x.dtype}, w1={w1.dtype}, w2={w2.dtype}; "
+            "cast them to one dtype"
+        )
+    if not (x.device == w1.device == w2.device):
+        raise ValueError(
+            f"monarch_matmul: tensors on different devices x={x.device}, w1={w1.device}, "
+            f"w2={w2.device}; move them to one device"
+        )
+    if x.dim() < 1:
+        raise ValueError("monarch_matmul: x must have at least one dimension (..., n)")
+    return monarch_shapes(x.shape[-1], w1, w2)
+
+
+def _use_triton(device: torch.device) -> bool:
+    """True when ``device`` is a GPU and a recent enough Triton is importable (warns once if not)."""
+    if device.type != "cuda":
+        return False
+    if "ok" not in _triton_state:
+        reason = None
+        try:
+            import triton
+
+            version = tuple(int(v) for v in triton.__version__.split(".")[:2])
+            if version < _MIN_TRITON:
+                reason = (
+                    f"Triton {triton.__version__} is older than {'.'.join(map(str, _MIN_TRITON))}"
+                )
+            else:
+                from . import triton_launch  # noqa: F401
+        except ImportError as exc:
+            reason = f"Triton is not importable ({exc})"
+        _triton_state["ok"] = reason is None
+        if reason is not None:
+            warnings.warn(
+                f"monarch_kernels: {reason}; using the torch path on {device}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    return bool(_triton_state["ok"])
+
+
+def _torch_forward(x2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    k, _q, p = w1.shape
+    l, s, r = w2.shape
+    b = x2.shape[0]
+    ht = torch.bmm(w1, x2.view(b, k, p).permute(1, 2, 0))  # (k, q, B); x.T is a transposed operand
+    # flat row i*q + a of h.T is rr*l + j: viewed (r, l, B) and transposed, it is stage 2's operand
+    yt = torch.bmm(w2, ht.view(r, l, b).transpose(0, 1))  # (l, s, B)
+    # (l, s, B) -> (s, l, B) moves rows of B contiguous elements; then one 2-d transpose
+    return yt.transpose(0, 1).reshape(s * l, b).t().contiguous()
+
+
+def _torch_backward(
+    dy2: torch.Tensor, x2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    k, q, p = w1.shape
+    l, s, r = w2.shape
+    b = x2.shape[0]
+    dyt = dy2.t().contiguous().view(s, l, b).transpose(0, 1)  # (l, s, B): dY.T per block
+    dgt = torch.bmm(w2.transpose(1, 2), dyt)  # (l, r, B)
+    dh = dgt.transpose(0, 1).reshape(k, q, b)  # dF.T (r, l, B) == dH.T (k, q, B)
+    dx = torch.bmm(dh.transpose(1, 2), w1)  # (k, B, p)
+    xv = x2.view(b, k, p).transpose(0, 1)  # (k, B, p)
+    dw1 = torch.bmm(dh, xv)
+    ht = torch.bmm(w1, xv.transpose(1, 2))  # recomputed stage 1, (k, q, B)
+    dw2 = torch.bmm(dyt, ht.view(r, l, b).permute(1, 2, 0))  # (l, s, B) @ (l, B, r)
+    return dx.transpose(0, 1).reshape(b, k * p), dw1, dw2
+
+
+@torch.library.custom_op("monarch_kernels::monarch_matmul", mutates_args=())
+def _monarch_op(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    k, _q, p, l, s, _r = _check(x, w1, w2)
+    batch = x.shape[:-1]
+    x2 = x.reshape(-1, k * p)
+    if x2.shape[0] == 0:
+        return x.new_zeros(*batch, s * l)
+    if x.dtype in _TRITON_DTYPES and _use_triton(x.device):
+        from .triton_launch import monarch_forward
+
+        return monarch_forward(x2, w1, w2).view(*batch, s * l)
+    return _torch_forward(x2, w1, w2).view(*batch, s * l)
+
+
+@_monarch_op.register_fake
+def _(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    _k, _q, _p, l, s, _r = _check(x, w1, w2)
+    return x.new_empty(*x.shape[:-1], s * l)
+
+
+@torch.library.custom_op("monarch_kernels::monarch_matmul_backward", mutates_args=())
+def _monarch_backward_op(
+    grad: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    k, _q, p, l, s, _r = _check(x, w1, w2)
+    x2 = x.reshape(-1, k * p)
+    dy2 = grad.reshape(-1, s * l)
+    if x2.shape[0] == 0:
+        return x.new_zeros(x.shape), w1.new_zeros(w1.shape), w2.new_zeros(w2.shape)
+    if x.dtype in _TRITON_DTYPES and _use_triton(x.device):
+        from .triton_launch import monarch_backward
+
+        dx, dw1, dw2 = monarch_backward(dy2, x2, w1, w2)
+    else:
+        dx, dw1, dw2 = _torch_backward(dy2, x2, w1, w2)
+    return dx.view(x.shape), dw1, dw2
+
+
+@_monarch_backward_op.register_fake
+def _(grad, x, w1, w2):
+    # contiguous, like every real implementation's results
+    return x.new_empty(x.shape), w1.new_empty(w1.shape), w2.new_empty(w2.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    x, w1, w2 = inputs
+    ctx.save_for_backward(x, w1, w2)
+
+
+def _backward(ctx, grad):
+    x, w1, w2 = ctx.saved_tensors
+    dx, dw1, dw2 = torch.ops.monarch_kernels.monarch_matmul_backward(grad, x, w1, w2)
+    return dx, dw1, dw2
+
+
+torch.library.register_autograd(
+    "monarch_kernels::monarch_matmul", _backward, setup_context=_setup_context
+)
+
+
+def monarch_matmul(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """Monarch product of ``x`` (..., k*p) with ``w1`` (k, q, p) and ``w2`` (l, s, r).
+
+    Returns ``(..., s*l)``; see :mod:`monarch_kernels.reference` for the exact definition.
+    Differentiable in all three arguments; one opaque op under ``torch.compile``.
+
+    >>> x = torch.randn(8, 12); w1 = torch.randn(3, 4, 4); w2 = torch.randn(2, 5, 6)
+    >>> monarch_matmul(x, w1, w2).shape
+    torch.Size([8, 10])
+    """
+    _check(x, w1, w2)
+    return torch.ops.monarch_kernels.monarch_matmul(x, w1, w2)

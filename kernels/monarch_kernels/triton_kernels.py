@@ -1,0 +1,279 @@
+"""Triton kernels for the Monarch product. Launchers live in ``triton_launch.py``.
+
+Every kernel reads and writes through explicit strides over a logical ``(row, block, feature)``
+index, so each permutation of the specification is index arithmetic in a load or a store,
+never a copy:
+
+* x block i, element c:                        ``x[b, i*p + c]``
+* stage-1 output i, a -> flat intermediate m:  ``m = i*q + a``
+* stage-2 input j, element rr:                 ``m = rr*l + j``
+* stage-2 output j, element a:                 ``y[b, a*l + j]``
+
+Global intermediates are stored feature-major, ``(k*q, B)``: a row tile of any block is then
+BLOCK_M contiguous elements, so the stage-1 store and the permuted stage-2 load are both
+coalesced along the batch, whatever the permutation does to the feature index.
+
+Why the fused forward uses an L2 scratch rather than registers: stage-2 block j needs element
+``rr*l + j`` of the stage-1 output for every rr, i.e. q/l elements from every stage-1 block when
+l <= q (one each in the square case). A row tile therefore needs its whole ``BLOCK_M x k*q`` intermediate before stage 2 can
+start. At width 4096 and BLOCK_M=16 that is 64K fp32 values (256 KB): more than an SM's whole
+register file, and Triton has no explicit shared-memory buffers. So each persistent program
+owns a private slot of ``BLOCK_M x k*q`` elements in global memory, writes stage 1 there,
+synchronises its threads and reads it back permuted. The slot is rewritten for every tile the
+program handles, so its lines stay resident and dirty in L2 and the intermediate costs on-chip
+traffic, not HBM traffic; the launcher takes this path only when all slots fit in L2.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _tile_matmul(
+    in_ptr,
+    w_ptr,
+    offs_m,
+    mask_m,
+    blk,
+    o0,
+    NRED,
+    NOUT,
+    stride_in_m,
+    stride_in_blk,
+    stride_in_c,
+    stride_w_blk,
+    stride_w_o,
+    stride_w_c,
+    BLOCK_M: tl.constexpr,
+    BLOCK_O: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """fp32 (BLOCK_M, BLOCK_O) tile of ``sum_c in[m, blk, c] * w[blk, o, c]``."""
+    offs_o = o0 + tl.arange(0, BLOCK_O)
+    offs_c = tl.arange(0, BLOCK_C)
+    acc = tl.zeros((BLOCK_M, BLOCK_O), dtype=tl.float32)
+    in_base = in_ptr + offs_m[:, None] * stride_in_m + blk * stride_in_blk
+    w_base = w_ptr + blk * stride_w_blk + offs_o[None, :] * stride_w_o
+    for c0 in range(0, NRED, BLOCK_C):
+        cc = c0 + offs_c
+        a = tl.load(
+            in_base + cc[None, :] * stride_in_c,
+            mask=mask_m[:, None] & (cc[None, :] < NRED),
+            other=0.0,
+        )
+        w = tl.load(
+            w_base + cc[:, None] * stride_w_c,
+            mask=(cc[:, None] < NRED) & (offs_o[None, :] < NOUT),
+            other=0.0,
+        )  # (BLOCK_C, BLOCK_O): w[blk] transposed by its strides
+        acc = tl.dot(a.to(w.dtype), w, acc, input_precision="ieee")
+    return acc
+
+
+@triton.jit
+def _block_matmul_kernel(
+    in_ptr,
+    w_ptr,
+    out_ptr,
+    B,
+    NBLK,
+    NOUT,
+    NRED,
+    stride_in_m,
+    stride_in_blk,
+    stride_in_c,
+    stride_w_blk,
+    stride_w_o,
+    stride_w_c,
+    stride_out_m,
+    stride_out_blk,
+    stride_out_o,
+    BLOCK_M: tl.constexpr,
+    BLOCK_O: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """One block-diagonal stage: ``out[m, blk, o] = sum_c in[m, blk, c] * w[blk, o, c]``.
+
+    Grid: (row tiles, NBLK, output tiles). Used for each stage of the two-kernel path.
+    """
+    pid_m = tl.program_id(0)
+    blk = tl.program_id(1)
+    o0 = tl.program_id(2) * BLOCK_O
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    mask_m = offs_m < B
+    acc = _tile_matmul(
+        in_ptr, w_ptr, offs_m, mask_m, blk, o0, NRED, NOUT,
+        stride_in_m, stride_in_blk, stride_in_c, stride_w_blk, stride_w_o, stride_w_c,
+        BLOCK_M, BLOCK_O, BLOCK_C,
+    )  # fmt: skip
+    offs_o = o0 + tl.arange(0, BLOCK_O)
+    out = out_ptr + offs_m[:, None] * stride_out_m + blk * stride_out_blk
+    tl.store(
+        out + offs_o[None, :] * stride_out_o,
+        acc.to(out_ptr.dtype.element_ty),
+        mask=mask_m[:, None] & (offs_o[None, :] < NOUT),
+    )
+
+
+@triton.jit
+def _monarch_fused_kernel(
+    in_ptr,
+    w1_ptr,
+    w2_ptr,
+    out_ptr,
+    scratch_ptr,
+    B,
+    K1,
+    O1,
+    C1,
+    K2,
+    O2,
+    C2,
+    SLOT_ROWS,
+    stride_in_m,
+    stride_in_blk,
+    stride_in_c,
+    stride_w1_blk,
+    stride_w1_o,
+    stride_w1_c,
+    stride_w2_blk,
+    stride_w2_o,
+    stride_w2_c,
+    stride_out_m,
+    stride_out_blk,
+    stride_out_o,
+    stride_sw_blk,
+    stride_sw_o,
+    stride_sr_blk,
+    stride_sr_c,
+    BLOCK_M: tl.constexpr,
+    BLOCK_O: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    FULL_SCRATCH: tl.constexpr,
+):
+    """Both stages in one pass over the rows, persistent over row tiles.
+
+    Stage A: ``t[m, blk, o] = sum_c in[m, blk, c] * w1[blk, o, c]``, stored at flat index
+    ``blk*stride_sw_blk + o*stride_sw_o``. Stage B reads element c of its block ``blk`` at
+    flat index ``blk*stride_sr_blk + c*stride_sr_c`` and multiplies by ``w2[blk]``. The flat
+    index strides encode the ``(r l) -> (l r)`` permutation of the forward, or its inverse for
+    the input gradient. Scratch is feature-major: flat index f, row m at ``f*SLOT_ROWS + m``,
+    in a private slot per program, or (FULL_SCRATCH) a ``(K1*O1, B)`` buffer the caller keeps.
+    """
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    slot = scratch_ptr if FULL_SCRATCH else scratch_ptr + pid.to(tl.int64) * SLOT_ROWS * K1 * O1
+    for tile in range(pid, tl.cdiv(B, BLOCK_M), nprog):
+        offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        mask_m = offs_m < B
+        rows = offs_m if FULL_SCRATCH else tl.arange(0, BLOCK_M).to(tl.int64)
+        for blk in range(0, K1):
+            for o0 in range(0, O1, BLOCK_O):
+                acc = _tile_matmul(
+                    in_ptr, w1_ptr, offs_m, mask_m, blk, o0, C1, O1,
+                    stride_in_m, stride_in_blk, stride_in_c,
+                    stride_w1_blk, stride_w1_o, stride_w1_c,
+                    BLOCK_M, BLOCK_O, BLOCK_C,
+                )  # fmt: skip
+                offs_o = o0 + tl.arange(0, BLOCK_O)
+                flat = blk * stride_sw_blk + offs_o * stride_sw_o
+                tl.store(
+                    slot + flat[None, :].to(tl.int64) * SLOT_ROWS + rows[:, None],
+                    acc.to(scratch_ptr.dtype.element_ty),
+                    mask=mask_m[:, None] & (offs_o[None, :] < O1),
+                )
+        # Every thread's stage-A stores must be visible before any thread reads them permuted.
+        # The barrier suffices for global memory within one program: on NVIDIA, bar.sync
+        # orders the CTA's memory accesses; on AMD, all waves of a workgroup share a CU and
+        # its L1 (Triton does not enable tgsplit), and LLVM's AMDGPU memory model adds no
+        # wait for workgroup-scope release/acquire there (a cta-scope release compiles to
+        # nothing beyond the s_barrier in the gfx942 assembly).
+        tl.debug_barrier()
+        for blk in range(0, K2):
+            for o0 in range(0, O2, BLOCK_O):
+                # Stage B's operand is the scratch seen through the permuted flat index.
+                acc = _tile_matmul(
+                    slot, w2_ptr, rows, mask_m, blk, o0, C2, O2,
+                    1, stride_sr_blk * SLOT_ROWS, stride_sr_c * SLOT_ROWS,
+                    stride_w2_blk, stride_w2_o, stride_w2_c,
+                    BLOCK_M, BLOCK_O, BLOCK_C,
+                )  # fmt: skip
+                offs_o = o0 + tl.arange(0, BLOCK_O)
+                out = out_ptr + offs_m[:, None] * stride_out_m + blk * stride_out_blk
+                tl.store(
+                    out + offs_o[None, :] * stride_out_o,
+                    acc.to(out_ptr.dtype.element_ty),
+                    mask=mask_m[:, None] & (offs_o[None, :] < O2),
+                )
+        # The next tile overwrites the slot: wait until every thread has read it.
+        tl.debug_barrier()
+
+
+@triton.jit
+def _block_wgrad_kernel(
+    a_ptr,
+    b_ptr,
+    partial_ptr,
+    B,
+    NBLK,
+    NOUT,
+    NRED,
+    ROWS_PER_SPLIT,
+    stride_a_m,
+    stride_a_blk,
+    stride_a_o,
+    stride_b_m,
+    stride_b_blk,
+    stride_b_c,
+    stride_p_split,
+    stride_p_blk,
+    stride_p_o,
+    stride_p_c,
+    BLOCK_M: tl.constexpr,
+    BLOCK_O: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """``partial[split, blk, o, c] = sum over rows m of the split of a[m, blk, o] * b[m, blk, c]``.
+
+    Grid: (splits, NBLK, output tiles). Each program reduces its rows in a fixed order and
+    writes its own partial; the caller sums the splits, so the result is deterministic and
+    needs no atomics.
+    """
+    split = tl.program_id(0)
+    blk = tl.program_id(1)
+    n_c = tl.cdiv(NRED, BLOCK_C)
+    o0 = (tl.program_id(2) // n_c) * BLOCK_O
+    c0 = (tl.program_id(2) % n_c) * BLOCK_C
+    offs_o = o0 + tl.arange(0, BLOCK_O)
+    offs_c = c0 + tl.arange(0, BLOCK_C)
+    row0 = split * ROWS_PER_SPLIT
+    row_end = tl.minimum(row0 + ROWS_PER_SPLIT, B)
+    acc = tl.zeros((BLOCK_O, BLOCK_C), dtype=tl.float32)
+    for m0 in range(row0, row_end, BLOCK_M):
+        offs_m = (m0 + tl.arange(0, BLOCK_M)).to(tl.int64)
+        mask_m = offs_m < row_end
+        a = tl.load(
+            a_ptr
+            + offs_m[None, :] * stride_a_m
+            + blk * stride_a_blk
+            + offs_o[:, None] * stride_a_o,
+            mask=mask_m[None, :] & (offs_o[:, None] < NOUT),
+            other=0.0,
+        )  # (BLOCK_O, BLOCK_M)
+        b = tl.load(
+            b_ptr
+            + offs_m[:, None] * stride_b_m
+            + blk * stride_b_blk
+            + offs_c[None, :] * stride_b_c,
+            mask=mask_m[:, None] & (offs_c[None, :] < NRED),
+            other=0.0,
+        )  # (BLOCK_M, BLOCK_C)
+        acc = tl.dot(a, b.to(a.dtype), acc, input_precision="ieee")
+    p = partial_ptr + split * stride_p_split + blk * stride_p_blk
+    tl.store(
+        p + offs_o[:, None] * stride_p_o + offs_c[None, :] * stride_p_c,
+        acc,
+        mask=(offs_o[:, None] < NOUT) & (offs_c[None, :] < NRED),
+    )

@@ -1,0 +1,244 @@
+# ruff: noqa: E741
+# (k, q, p, l, s, r are the specification's names; l is a block count.)
+"""Launchers for the Triton Monarch kernels: checks, allocation, path choice, autotuning.
+
+``monarch_forward`` and ``monarch_backward`` take 2-d activations ``(B, features)`` with any
+strides (the kernels take strides, so non-contiguous inputs are never copied) and return
+fresh contiguous tensors. ``ops.py`` wraps them into the autograd-aware custom op.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+from .configs import get_configs
+from .reference import monarch_shapes
+from .triton_kernels import _block_matmul_kernel, _block_wgrad_kernel, _monarch_fused_kernel
+
+PATH_ENV_VAR = "MONARCH_KERNELS_PATH"  # "fused" or "two_kernel" forces a path
+PATHS = ("fused", "two_kernel")
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_BLOCKS = 65535  # grid axis 1 carries the block index
+MAX_ELEMENTS = 2**31 - 1  # row/feature offsets are computed in int32 before widening
+_KEYS = {
+    "stage": ["B", "NBLK", "NOUT", "NRED"],
+    "fused": ["B", "K1", "O1", "C1", "K2", "O2", "C2", "FULL_SCRATCH"],
+    "wgrad": ["B", "NBLK", "NOUT", "NRED"],
+}
+_KERNELS = {
+    "stage": _block_matmul_kernel,
+    "fused": _monarch_fused_kernel,
+    "wgrad": _block_wgrad_kernel,
+}
+_autotuned: dict[str, object] = {}
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _path(path: str | None) -> str | None:
+    path = path or os.environ.get(PATH_ENV_VAR) or None
+    if path is not None and path not in PATHS:
+        raise ValueError(f"monarch triton: path must be one of {PATHS}, got {path!r}")
+    return path
+
+
+def _check(**tensors: torch.Tensor) -> None:
+    first = next(iter(tensors.values()))
+    for name, t in tensors.items():
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(
+                f"monarch triton: {name} has dtype {t.dtype}; the kernels take float16, "
+                "bfloat16 or float32"
+            )
+        if t.dtype != first.dtype:
+            raise TypeError(f"monarch triton: mixed dtypes {first.dtype} and {t.dtype} ({name})")
+        if t.device != first.device:
+            raise ValueError(
+                f"monarch triton: {name} is on {t.device}, expected {first.device} like the others"
+            )
+        if t.numel() > MAX_ELEMENTS:
+            raise ValueError(
+                f"monarch triton: {name} has {t.numel()} elements; the kernels index at most "
+                f"2**31 - 1 per tensor"
+            )
+    if first.device.type != "cuda" and not interpreting():
+        raise ValueError(
+            f"monarch triton: tensors are on {first.device}; the kernels need a GPU "
+            "(or TRITON_INTERPRET=1)"
+        )
+
+
+def _shapes(x2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> tuple[int, ...]:
+    if x2.dim() != 2:
+        raise ValueError(f"monarch triton: activations must be 2-d (B, n), got {tuple(x2.shape)}")
+    k, q, p, l, s, r = monarch_shapes(x2.shape[1], w1, w2)
+    if max(k, l) > MAX_BLOCKS:
+        raise ValueError(
+            f"monarch triton: {max(k, l)} blocks; the grid allows at most {MAX_BLOCKS} per factor"
+        )
+    if k * q * x2.shape[0] > MAX_ELEMENTS:
+        raise ValueError(
+            f"monarch triton: the intermediate has {k * q * x2.shape[0]} elements "
+            f"(k*q={k * q} x batch {x2.shape[0]}); the kernels index at most 2**31 - 1"
+        )
+    return k, q, p, l, s, r
+
+
+def _launch(kind: str, grid, args: tuple, config: triton.Config | None, **const) -> None:
+    """Launch ``kind`` with ``config``, else autotuned over the backend's configs."""
+    kernel = _KERNELS[kind]
+    if config is None and interpreting():
+        config = get_configs(kind)[0]  # the interpreter cannot time configs
+    if config is not None:
+        kernel[grid(config.kwargs)](*args, **const, **config.all_kwargs())
+        return
+    if kind not in _autotuned:
+        _autotuned[kind] = triton.autotune(configs=get_configs(kind), key=_KEYS[kind])(kernel)
+    _autotuned[kind][grid](*args, **const)
+
+
+def _device_info(device: torch.device) -> tuple[int, int]:
+    """(number of SMs/CUs, L2 bytes); small stand-ins under the interpreter."""
+    if device.type != "cuda":
+        return 4, 4 * 2**20
+    props = torch.cuda.get_device_properties(device)
+    return props.multi_processor_count, getattr(props, "L2_cache_size", 40 * 2**20)
+
+
+def _stage(inp, w, out, B, nblk, o, c, s_in, s_w, s_out, config) -> None:
+    """One block-diagonal stage; ``s_in``/``s_out`` are (row, block, feature) strides."""
+
+    def grid(meta):
+        return (triton.cdiv(B, meta["BLOCK_M"]), nblk, triton.cdiv(o, meta["BLOCK_O"]))
+
+    _launch("stage", grid, (inp, w, out, B, nblk, o, c, *s_in, *s_w, *s_out), config)
+
+
+def _fused(inp, w1, w2, out, scratch, sizes, slot_rows, strides, nprog, full, config) -> None:
+    """Both stages in one persistent launch of at most ``nprog`` programs."""
+    B = sizes[0]
+
+    def grid(meta):
+        return (max(1, min(triton.cdiv(B, meta["BLOCK_M"]), nprog)),)
+
+    args = (inp, w1, w2, out, scratch, *sizes, slot_rows, *strides)
+    _launch("fused", grid, args, config, FULL_SCRATCH=full)
+
+
+def monarch_forward(
+    x2: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    *,
+    path: str | None = None,
+    configs: dict[str, triton.Config] | None = None,
+    num_programs: int | None = None,
+) -> torch.Tensor:
+    """``(B, n) -> (B, s*l)``. ``path``: ``"fused"``, ``"two_kernel"`` or None (chosen here)."""
+    _check(x=x2, w1=w1, w2=w2)
+    k, q, p, l, s, r = _shapes(x2, w1, w2)
+    configs = configs or {}
+    path = _path(path)
+    B = x2.shape[0]
+    y = x2.new_empty(B, s * l)
+    sms, l2_bytes = _device_info(x2.device)
+    fused_cfg = configs.get("fused")
+    slot_rows = (
+        fused_cfg.kwargs["BLOCK_M"]
+        if fused_cfg
+        else max(c.kwargs["BLOCK_M"] for c in get_configs("fused"))
+    )
+    nprog = min(num_programs or 2 * sms, triton.cdiv(B, 16))  # 16: the smallest BLOCK_M
+    scratch_bytes = nprog * slot_rows * k * q * x2.element_size()
+    if path is None:
+        # Private slots are only cheap while all of them stay in L2 (half of it, leaving room
+        # for x, y and the weights streaming through); otherwise the two-kernel path's
+        # global intermediate costs the same HBM traffic with less synchronisation.
+        path = "fused" if scratch_bytes <= l2_bytes // 2 else "two_kernel"
+    sx = (x2.stride(0), p * x2.stride(1), x2.stride(1))  # x[b, i*p + c]
+    sw1 = (w1.stride(0), w1.stride(1), w1.stride(2))
+    sw2 = (w2.stride(0), w2.stride(1), w2.stride(2))
+    sy = (y.stride(0), y.stride(1), l * y.stride(1))  # y[b, a*l + j]
+    if path == "fused":
+        scratch = x2.new_empty(nprog * slot_rows * k * q)
+        sizes = (B, k, q, p, l, s, r)
+        # Stage 1 writes flat index i*q + a; stage 2 reads element rr of block j at rr*l + j.
+        strides = (*sx, *sw1, *sw2, *sy, q, 1, 1, l)
+        _fused(x2, w1, w2, y, scratch, sizes, slot_rows, strides, nprog, False, fused_cfg)
+    else:
+        h = x2.new_empty(k * q, B)  # feature-major intermediate, row tiles contiguous
+        _stage(x2, w1, h, B, k, q, p, sx, sw1, (1, q * B, B), configs.get("stage"))
+        _stage(h, w2, y, B, l, s, r, (1, B, l * B), sw2, sy, configs.get("stage"))
+    return y
+
+
+def _wgrad(a, b, nblk, o, c, B, s_a, s_b, splits, config, dtype) -> torch.Tensor:
+    """``sum over rows of a[m, blk, :] outer b[m, blk, :]`` -> ``(nblk, o, c)``, deterministic."""
+    rows_per_split = triton.cdiv(B, splits)
+    partial = torch.empty(splits, nblk, o, c, device=a.device, dtype=torch.float32)
+
+    def grid(meta):
+        tiles = triton.cdiv(o, meta["BLOCK_O"]) * triton.cdiv(c, meta["BLOCK_C"])
+        return (splits, nblk, tiles)
+
+    args = (a, b, partial, B, nblk, o, c, rows_per_split, *s_a, *s_b, *partial.stride())
+    _launch("wgrad", grid, args, config)
+    return partial.sum(0).to(dtype)
+
+
+def monarch_backward(
+    dy2: torch.Tensor,
+    x2: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    *,
+    path: str | None = None,
+    configs: dict[str, triton.Config] | None = None,
+    num_programs: int | None = None,
+    splits: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients ``(dx, dw1, dw2)`` for ``y = monarch(x, w1, w2)`` given ``dy``."""
+    _check(dy=dy2, x=x2, w1=w1, w2=w2)
+    k, q, p, l, s, r = _shapes(x2, w1, w2)
+    B = x2.shape[0]
+    if tuple(dy2.shape) != (B, s * l):
+        raise ValueError(
+            f"monarch triton: grad has shape {tuple(dy2.shape)}, expected ({B}, {s * l})"
+        )
+    configs = configs or {}
+    sms, _ = _device_info(x2.device)
+    sx = (x2.stride(0), p * x2.stride(1), x2.stride(1))
+    sdy = (dy2.stride(0), dy2.stride(1), l * dy2.stride(1))  # dY[b, j, a] = dy[b, a*l + j]
+    # The input gradient is the transposed Monarch product: w2[j].T, then (l r) -> (r l), then
+    # w1[i].T. dF, the gradient of the flat intermediate, is kept feature-major for dw1.
+    sw2t = (w2.stride(0), w2.stride(2), w2.stride(1))
+    sw1t = (w1.stride(0), w1.stride(2), w1.stride(1))
+    df = x2.new_empty(k * q, B)
+    dx = x2.new_empty(B, k * p)
+    sdx = (dx.stride(0), p, 1)
+    if (_path(path) or "fused") == "fused":
+        sizes = (B, l, r, s, k, p, q)
+        # Stage A writes element rr of block j at rr*l + j; stage B reads i*q + a.
+        strides = (*sdy, *sw2t, *sw1t, *sdx, 1, l, q, 1)
+        nprog = num_programs or 4 * sms
+        _fused(dy2, w2, w1, dx, df, sizes, B, strides, nprog, True, configs.get("fused"))
+    else:
+        _stage(dy2, w2, df, B, l, r, s, sdy, sw2t, (1, B, l * B), configs.get("stage"))
+        _stage(df, w1, dx, B, k, p, q, (1, q * B, B), sw1t, sdx, configs.get("stage"))
+    # Stage 1 recomputed (cheaper than keeping it from the forward in the memory-bound case).
+    h = x2.new_empty(k * q, B)
+    sw1 = (w1.stride(0), w1.stride(1), w1.stride(2))
+    _stage(x2, w1, h, B, k, q, p, sx, sw1, (1, q * B, B), configs.get("stage"))
+    if splits is None:
+        # Enough programs for about two waves, but at least 256 rows of reduction each.
+        tiles = max(1, (q // 64) * (p // 64))
+        splits = max(1, min(triton.cdiv(2 * sms, k * tiles), triton.cdiv(B, 256)))
+    dw1 = _wgrad(df, x2, k, q, p, B, (1, q * B, B), sx, splits, configs.get("wgrad"), w1.dtype)
+    # dw2[j] = dY[j].T @ G[j], with G[b, j, rr] = h[rr*l + j, b]
+    dw2 = _wgrad(dy2, h, l, s, r, B, sdy, (1, B, l * B), splits, configs.get("wgrad"), w2.dtype)
+    return dx, dw1, dw2

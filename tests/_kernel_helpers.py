@@ -1,0 +1,129 @@
+# ruff: noqa: E741
+# (k, q, p, l, s, r are the specification's names; l is a block count.)
+"""Run the Triton kernels under the interpreter and compare them with the reference.
+
+Imported by nothing in the main test process: ``test_monarch_triton.py`` runs this file as a
+script in a subprocess with ``TRITON_INTERPRET=1``, because Triton reads that variable when
+kernels are decorated, once per process.
+
+    TRITON_INTERPRET=1 python tests/_kernel_helpers.py cuda forward
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# (B, k, p, q, l, s): k != l, in != out, k != sqrt(n), odd sizes that no block divides
+SHAPES = [(37, 4, 6, 5, 5, 3), (19, 2, 8, 12, 3, 5)]
+CONFIG_SETS = ("cuda", "hip-gfx942", "hip-gfx950")
+
+
+def _configs(name: str, kind: str):
+    from monarch_kernels.configs import _cuda_configs, _hip_configs
+
+    if name == "cuda":
+        return _cuda_configs(kind)
+    return _hip_configs(kind, arch=name.split("-", 1)[1])
+
+
+def _inputs(shape, seed: int, strided: bool):
+    import torch
+
+    B, k, p, q, l, s = shape
+    r = k * q // l
+    g = torch.Generator().manual_seed(seed)
+    if strided:  # non-contiguous activations and weights, read through their strides
+        x = torch.randn(k * p, 2 * B, generator=g).t()[::2]
+        w1 = torch.randn(k, p, q, generator=g).transpose(1, 2)
+        w2 = torch.randn(s, l, r, generator=g).transpose(0, 1)
+    else:
+        x = torch.randn(B, k * p, generator=g)
+        w1 = torch.randn(k, q, p, generator=g)
+        w2 = torch.randn(l, s, r, generator=g)
+    return x, w1, w2
+
+
+def _close(name: str, got, want, context: str) -> None:
+    import torch
+
+    err = (got - want).abs().max().item()
+    scale = want.abs().max().item() or 1.0
+    if not torch.isfinite(got).all() or err > 1e-5 * scale:
+        raise AssertionError(f"{context}: {name} max error {err:.3g} (scale {scale:.3g})")
+
+
+def check(config_set: str, direction: str) -> int:
+    """Every config of ``config_set`` on every shape and path; returns the number of checks."""
+    import torch
+    from monarch_kernels.ops import _torch_backward
+    from monarch_kernels.reference import monarch_reference
+    from monarch_kernels.triton_launch import monarch_backward, monarch_forward
+
+    count = 0
+    for i, shape in enumerate(SHAPES):
+        x, w1, w2 = _inputs(shape, seed=i, strided=i % 2 == 1)
+        want = monarch_reference(x, w1, w2)
+        dy = torch.randn(want.shape, generator=torch.Generator().manual_seed(100 + i))
+        grads = _torch_backward(dy, x, w1, w2)
+        kinds = ("fused", "stage") if direction == "forward" else ("fused", "stage", "wgrad")
+        for kind in kinds:
+            for cfg in _configs(config_set, kind):
+                path = "fused" if kind == "fused" else "two_kernel"
+                ctx = f"{config_set} {direction} {kind} {cfg} shape {shape}"
+                if direction == "forward":
+                    got = monarch_forward(x, w1, w2, path=path, configs={kind: cfg}, num_programs=2)
+                    _close("y", got, want, ctx)
+                else:
+                    got = monarch_backward(
+                        dy, x, w1, w2, path=path, configs={kind: cfg}, num_programs=2, splits=2
+                    )
+                    for name, a, b in zip(("dx", "dw1", "dw2"), got, grads, strict=True):
+                        _close(name, a, b, ctx)
+                count += 1
+    return count
+
+
+def check_op() -> int:
+    """The custom op and its autograd routed to the kernels (any batch dims, strided input)."""
+    import torch
+    from monarch_kernels import monarch_matmul, monarch_reference, ops, triton_launch
+
+    launches = []
+    for name in ("monarch_forward", "monarch_backward"):
+        fn = getattr(triton_launch, name)
+        setattr(
+            triton_launch,
+            name,
+            lambda *a, _fn=fn, _n=name, **k: launches.append(_n) or _fn(*a, **k),
+        )
+    ops._use_triton = lambda device: True  # the interpreter runs the kernels on CPU tensors
+    count = 0
+    for path in triton_launch.PATHS:
+        os.environ[triton_launch.PATH_ENV_VAR] = path
+        for i, shape in enumerate(SHAPES):
+            B, k, p, _q, l, s = shape
+            x, w1, w2 = _inputs(shape, seed=i, strided=True)
+            x = x.reshape(1, B, k * p).expand(2, B, k * p)  # an expanded leading batch dimension
+            dy = torch.randn(2, B, s * l, generator=torch.Generator().manual_seed(7))
+            a = [t.detach().requires_grad_() for t in (x, w1, w2)]
+            b = [t.detach().requires_grad_() for t in (x, w1, w2)]
+            got = monarch_matmul(*a)
+            want = monarch_reference(*b)
+            ctx = f"op path={path} shape {shape}"
+            _close("y", got, want, ctx)
+            got.backward(dy)
+            want.backward(dy)
+            for name, ga, gb in zip(("dx", "dw1", "dw2"), a, b, strict=True):
+                _close(name, ga.grad, gb.grad, ctx)
+            count += 1
+    if launches.count("monarch_forward") != count or launches.count("monarch_backward") != count:
+        raise AssertionError(f"the op did not route to the Triton launchers: {launches}")
+    return count
+
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        sys.exit("run with TRITON_INTERPRET=1")
+    n = check_op() if sys.argv[2] == "op" else check(sys.argv[1], sys.argv[2])
+    print(f"{n} checks passed")

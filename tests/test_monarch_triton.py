@@ -1,0 +1,176 @@
+"""The Triton kernels themselves: results under the Triton interpreter, and compilation.
+
+The interpreter has no bfloat16, so results are checked in float32; each config set runs in
+a subprocess because ``TRITON_INTERPRET`` must be set before the kernels are decorated.
+Every config is also compiled ahead of time for its GPUs (cubin for sm_80/sm_90, hsaco for
+gfx942/gfx950), which needs no GPU. Running the compiled kernels needs one and is not part of
+CPU CI.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+HELPER = Path(__file__).with_name("_kernel_helpers.py")
+
+
+def _configs(config_set: str, kind: str):
+    from monarch_kernels.configs import _cuda_configs, _hip_configs
+
+    if config_set == "cuda":
+        return _cuda_configs(kind)
+    return _hip_configs(kind, arch=config_set.split("-", 1)[1])
+
+
+def _interpret(config_set: str, direction: str) -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env.pop("MONARCH_KERNELS_CONFIGS", None)
+    proc = subprocess.run(
+        [sys.executable, str(HELPER), config_set, direction],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "checks passed" in proc.stdout and not proc.stdout.startswith("0 ")
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("config_set", ["cuda", "hip-gfx942", "hip-gfx950"])
+def test_kernels_match_reference_under_interpreter(config_set, direction):
+    _interpret(config_set, direction)
+
+
+def test_custom_op_and_autograd_through_kernels_under_interpreter():
+    _interpret("cuda", "op")
+
+
+# Shared memory / LDS one program may use: H100/H200 227 KB, A100 163 KB, MI300X 64 KB,
+# MI355X 160 KB.
+TARGETS = {
+    "cuda": [("cuda", 90, 32, 227 * 1024), ("cuda", 80, 32, 163 * 1024)],
+    "hip-gfx942": [("hip", "gfx942", 64, 64 * 1024)],
+    "hip-gfx950": [("hip", "gfx950", 64, 160 * 1024)],
+}
+
+
+def _compile(kernel, constexprs: dict, options: dict, target, dtype: str):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name == "partial_ptr":
+            signature[name] = "*fp32"
+        elif name.endswith("_ptr"):
+            signature[name] = f"*{dtype}"
+        else:
+            signature[name] = "i32"
+    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(src, target=GPUTarget(*target), options=options)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="needs compiled kernels")
+@pytest.mark.parametrize("config_set", ["cuda", "hip-gfx942", "hip-gfx950"])
+def test_every_config_compiles_for_its_gpus(config_set):
+    """Ahead-of-time compilation to cubin / hsaco, no GPU needed: every config of the set, in
+    bfloat16 (and the first in float16 and float32), within the chip's shared memory."""
+    from monarch_kernels.triton_kernels import (
+        _block_matmul_kernel,
+        _block_wgrad_kernel,
+        _monarch_fused_kernel,
+    )
+
+    kernels = {
+        "stage": _block_matmul_kernel,
+        "fused": _monarch_fused_kernel,
+        "wgrad": _block_wgrad_kernel,
+    }
+    compiled = 0
+    for backend, arch, warp, smem_limit in TARGETS[config_set]:
+        for kind, kernel in kernels.items():
+            cfgs = _configs(config_set, kind)
+            variants = [(c, "bf16") for c in cfgs] + [(cfgs[0], "fp16"), (cfgs[0], "fp32")]
+            for cfg, dtype in variants:
+                if arch == 80 and dtype == "bf16" and cfg is not cfgs[0]:
+                    continue  # sm_80 shares sm_90's configs; one of them is enough
+                constexprs = dict(cfg.kwargs)
+                options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+                for opt in ("waves_per_eu", "matrix_instr_nonkdim"):
+                    if opt in constexprs:
+                        options[opt] = constexprs.pop(opt)
+                fulls = (False, True) if kind == "fused" else (None,)
+                for full in fulls:
+                    if full is not None:
+                        constexprs["FULL_SCRATCH"] = full
+                    binary = _compile(kernel, constexprs, options, (backend, arch, warp), dtype)
+                    assert ("cubin" if backend == "cuda" else "hsaco") in binary.asm
+                    assert binary.metadata.shared <= smem_limit, (kind, cfg, binary.metadata.shared)
+                    compiled += 1
+    assert compiled >= 10
+
+
+def test_config_sets_are_distinct_and_fit_their_chip():
+    from monarch_kernels.configs import _SMEM_BYTES, _cuda_configs, _fits, _hip_configs
+
+    for kind in ("stage", "fused", "wgrad"):
+        cuda, mi300, mi355 = (
+            _cuda_configs(kind),
+            _hip_configs(kind, "gfx942"),
+            _hip_configs(kind, "gfx950"),
+        )
+        assert cuda and mi300 and mi355
+        assert all("waves_per_eu" in c.kwargs and "matrix_instr_nonkdim" in c.kwargs for c in mi300)
+        assert not any("waves_per_eu" in c.kwargs for c in cuda)
+        assert all(_fits(c, _SMEM_BYTES["gfx942"]) for c in mi300)
+        assert len(mi355) >= len(mi300)
+    assert all(
+        c.kwargs["BLOCK_M"] <= 64 for c in _cuda_configs("fused") + _hip_configs("fused", "gfx942")
+    )
+
+
+def test_env_override(monkeypatch):
+    from monarch_kernels import configs
+
+    monkeypatch.setenv(configs.ENV_VAR, "hip")
+    assert all("waves_per_eu" in c.kwargs for c in configs.get_configs("stage"))
+    monkeypatch.setenv(configs.ENV_VAR, "cuda")
+    assert not any("waves_per_eu" in c.kwargs for c in configs.get_configs("stage"))
+    monkeypatch.setenv(
+        configs.ENV_VAR,
+        "BLOCK_M=128,BLOCK_O=32,BLOCK_C=16,num_warps=8; BLOCK_M=32,BLOCK_O=16,BLOCK_C=16",
+    )
+    stage = configs.get_configs("stage")
+    assert [c.kwargs["BLOCK_M"] for c in stage] == [128, 32]
+    assert stage[0].num_warps == 8
+    assert [c.kwargs["BLOCK_M"] for c in configs.get_configs("fused")] == [32]
+    monkeypatch.setenv(configs.ENV_VAR, "BLOCK_M=64")
+    with pytest.raises(ValueError, match="lacks BLOCK_C, BLOCK_O"):
+        configs.get_configs("stage")
+    monkeypatch.setenv(configs.ENV_VAR, "BLOCK_M=x")
+    with pytest.raises(ValueError, match="KEY=INT"):
+        configs.get_configs("stage")
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="checks the no-GPU refusal")
+def test_launcher_refuses_bad_input():
+    import torch
+    from monarch_kernels import triton_launch
+
+    x, w1, w2 = torch.randn(4, 12), torch.randn(3, 4, 4), torch.randn(2, 5, 6)
+    with pytest.raises(TypeError, match="float16, bfloat16 or float32"):
+        triton_launch.monarch_forward(x.double(), w1.double(), w2.double())
+    with pytest.raises(ValueError, match="need a GPU"):
+        triton_launch.monarch_forward(x, w1, w2)
+    with pytest.raises(ValueError, match="expected x"):
+        triton_launch._shapes(torch.randn(4, 13), w1, w2)
