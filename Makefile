@@ -43,8 +43,11 @@ test: lint browser
 	$(PY) -m pytest
 
 bench: setup
-	@$(PY) -c "import ipyparallel, monarch" 2>/dev/null || $(PY) -m pip install -q -e '.[dev,bench]'
-	$(PY) benchmarks/bench_dispatch.py
+	@$(PY) -c "import ipyparallel, monarch.actor" 2>/dev/null || $(PY) -m pip install -q -e '.[dev,bench]'
+	$(PY) benchmarks/bench_dispatch.py --workers 2 4 --cells 200
+	$(PY) benchmarks/bench_actors.py
+	$(PY) benchmarks/bench_training.py
+	$(PY) benchmarks/bench_telemetry.py
 	$(PY) -m monarch_kernels.bench
 
 clean:

@@ -4,27 +4,49 @@
 ``monarch_nb.connect()`` do the same from plain Python.
 """
 
+from .actors import (
+    Actor,
+    ActorError,
+    ActorMesh,
+    ProcMesh,
+    SupervisionError,
+    context,
+    current_rank,
+    current_size,
+    endpoint,
+    proc_mesh,
+)
 from .controller import CellHandle, ClusterError, Controller, connect, current, up
 from .metrics import history, log
 from .results import CellError, CellTimeout, RemoteError, UnserializableResult, ValueMesh
 from .targets import TargetError, parse_targets
 
 __all__ = [
+    "Actor",
+    "ActorError",
+    "ActorMesh",
     "CellError",
     "CellHandle",
     "CellTimeout",
     "ClusterError",
     "Controller",
+    "ProcMesh",
     "RemoteError",
+    "SupervisionError",
     "TargetError",
     "UnserializableResult",
     "ValueMesh",
     "connect",
+    "context",
     "current",
+    "current_rank",
+    "current_size",
+    "endpoint",
     "history",
     "load_ipython_extension",
     "log",
     "parse_targets",
+    "proc_mesh",
     "unload_ipython_extension",
     "up",
 ]

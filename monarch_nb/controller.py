@@ -625,6 +625,9 @@ class Controller:
         if self.closed:
             return
         self.closed = True
+        from . import actors  # actors build on the controller, so they are imported late
+
+        actors.close(self)
         registry.unregister(self)
         self.metrics.close()
         self._close_links()

@@ -181,6 +181,7 @@ class DashboardPlugin(SchedulerPlugin):
     """Adds ``/monarch`` and ``/monarch/metrics.json`` to the scheduler it is registered on."""
 
     name = PLUGIN_NAME
+    idempotent = True  # a second controller on the same scheduler finds the routes in place
 
     async def start(self, scheduler) -> None:
         add_routes(scheduler)

@@ -21,8 +21,8 @@ from IPython.core.magic_arguments import (
     parse_argstring,
 )
 
+from . import actors, metrics, plots
 from . import controller as ctl_module
-from . import metrics, plots
 from .controller import CellHandle, ClusterError
 from .launch import run_script
 from .results import CellSyntaxError
@@ -322,6 +322,11 @@ class MonarchMagics(Magics):
             r["pid"] = r["pid"] or "-"
             r["names"] = "-" if r["names"] is None else r["names"]
         print(format_table(rows, ["rank", "host", "pid", "device", "state", "names"]))
+        dead = actors.dead_actors(ctl)
+        if dead:
+            print("dead actors:")
+            for mesh, rank, cause in dead:
+                print(f"  {mesh} on rank {rank}: {cause}")
 
     def _cmd_down(self, args):
         ctl = self._ctl()

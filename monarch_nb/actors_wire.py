@@ -1,0 +1,417 @@
+"""The caller's side of actor messages: comms to workers, futures, errors, supervision.
+
+One ``Mailbox`` per process that sends (the controller, and each worker whose actors call
+others). It keeps one comm per worker address, opened on first use and kept; messages to one
+address go out in the order they were sent, which is what keeps one caller's messages to one
+actor in order. Replies come back on the same comm. A comm that closes is the signal that the
+worker process is gone: every call still waiting on it fails with ``SupervisionError`` and every
+later message to that address fails at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import linecache
+import logging
+import re
+import sys
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+from distributed.comm import CommClosedError, connect
+
+from .actors_context import EndpointProperty
+from .results import RemoteError
+
+ATTACH = "monarch_actors_attach"
+logger = logging.getLogger("monarch_nb.actors")
+# Seconds to reach a worker before calling it dead: a refused connection is retried until then
+# (a worker process that was killed refuses at once, forever).
+CONNECT_TIMEOUT = 5
+
+
+class ActorError(RemoteError):
+    """An endpoint (or ``__init__``) raised on one rank; carries the remote traceback.
+    ``exception`` is the original exception when it could be sent back, else None."""
+
+    def __init__(self, rank, host, ename, evalue, traceback, where: str, exception=None):
+        super().__init__(rank, host, ename, evalue, traceback)
+        self.where = where
+        self.exception = exception
+        self.args = (f"{where} failed on rank {rank}: {ename}: {evalue}",)
+
+    def __str__(self) -> str:
+        tb = "\n".join(self.traceback)
+        return f"{self.args[0]}\n{tb}" if tb else self.args[0]
+
+    def __reduce__(self):
+        state = (self.rank, self.host, self.ename, self.evalue, self.traceback, self.where)
+        return type(self), state
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"ActorError: {self.args[0]} (on {self.host})", *self.traceback]
+
+
+class SupervisionError(RuntimeError):
+    """The worker process of an actor died (or was removed); names the rank and the cause."""
+
+    def __init__(self, mesh: str, rank: int, address: str, cause: str):
+        super().__init__(f"actor mesh {mesh!r} rank {rank} is dead: {cause} (worker {address})")
+        self.mesh, self.rank, self.address, self.cause = mesh, rank, address, cause
+
+    def __reduce__(self):
+        return type(self), (self.mesh, self.rank, self.address, self.cause)
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"SupervisionError: {self}"]
+
+
+class Future:
+    """A result that arrives later: ``.get(timeout=...)`` from plain code, ``await`` on any
+    asyncio loop (a notebook cell's top-level await, an async endpoint)."""
+
+    def __init__(self, describe: str, decode: Callable[[Any], Any] = lambda raw: raw):
+        self._describe = describe
+        self._decode = decode
+        self._event = threading.Event()
+        self._raw: Any = None
+        self._error: BaseException | None = None
+        self._decoded = False
+        self._value: Any = None
+        self._callbacks: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    @classmethod
+    def failed(cls, describe: str, error: BaseException) -> Future:
+        fut = cls(describe)
+        fut._finish(error=error)
+        return fut
+
+    def _finish(self, raw: Any = None, error: BaseException | None = None) -> None:
+        with self._lock:
+            if self._event.is_set():
+                return
+            self._raw, self._error = raw, error
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            cb()
+
+    def add_done_callback(self, fn: Callable[[], None]) -> None:
+        """``fn()`` once the result is in (at once if it already is); runs on any thread."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(fn)
+                return
+        fn()
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def get(self, timeout: float | None = None) -> Any:
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"{self._describe} did not answer within {timeout:g} s")
+        if self._error is not None:
+            raise self._error
+        if not self._decoded:
+            self._value, self._decoded = self._decode(self._raw), True
+        return self._value
+
+    result = get
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        try:
+            self.get(timeout)
+        except TimeoutError:
+            raise
+        except BaseException as e:
+            return e
+        return None
+
+    def __await__(self):
+        return self._wait().__await__()
+
+    async def _wait(self) -> Any:
+        if not self._event.is_set():
+            loop = asyncio.get_running_loop()
+            waiter = loop.create_future()
+
+            def wake() -> None:
+                with contextlib.suppress(RuntimeError):  # the awaiting loop has closed
+                    loop.call_soon_threadsafe(_resolve, waiter)
+
+            self.add_done_callback(wake)
+            await waiter
+        return self.get(0)
+
+    def __repr__(self) -> str:
+        return f"<Future {self._describe}: {'done' if self.done() else 'pending'}>"
+
+
+def _resolve(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def decode_error(reply: dict[str, Any], host: str, where: str) -> ActorError:
+    e = reply["e"]
+    exc = None
+    if e.get("exc") is not None:
+        with contextlib.suppress(Exception):
+            exc = cloudpickle.loads(e["exc"])
+    lines = sources.restore(e["traceback"])
+    return ActorError(reply["r"], host, e["ename"], e["evalue"], lines, where, exc)
+
+
+class _Sources:
+    """Where the code of spawned classes came from. cloudpickle sends functions defined in a
+    notebook with their file name replaced by ``<dynamic-code>`` (line numbers are kept), so the
+    caller puts the file and the source line back into the remote traceback."""
+
+    _FRAME = re.compile(r'^  File "<dynamic-code>", line (\d+), in (.+)$')
+
+    def __init__(self):
+        self._spans: dict[str, list[tuple[str, int, int]]] = {}
+
+    def remember(self, cls: type) -> None:
+        module = sys.modules.get(cls.__module__)
+        values = [v for k in cls.__mro__ for v in vars(k).values()]
+        values += list(vars(module).values()) if module is not None else []
+        for value in values:
+            if isinstance(value, staticmethod | classmethod):
+                value = value.__func__
+            elif isinstance(value, EndpointProperty):
+                value = value.method
+            if not inspect.isfunction(value):
+                continue
+            code = value.__code__
+            if code.co_filename.startswith("<dynamic"):
+                continue
+            last = max((line for _, _, line in code.co_lines() if line), default=0)
+            span = (code.co_filename, code.co_firstlineno, last)
+            spans = self._spans.setdefault(code.co_name, [])
+            if span not in spans:
+                spans.append(span)
+
+    def restore(self, lines: list[str]) -> list[str]:
+        out = []
+        for line in lines:
+            m = self._FRAME.match(line)
+            span = m and next(
+                (s for s in self._spans.get(m[2], []) if s[1] <= int(m[1]) <= s[2]), None
+            )
+            if not span:
+                out.append(line)
+                continue
+            out.append(f'  File "{span[0]}", line {m[1]}, in {m[2]}')
+            text = linecache.getline(span[0], int(m[1])).strip()
+            if text:
+                out.append(f"    {text}")
+        return out
+
+
+sources = _Sources()
+
+
+class Pending:
+    """One message sent to some ranks; ``on_reply(rank, reply)`` and ``on_lost(rank, error)``
+    run on the mailbox's loop; ``targets`` maps each rank still owed a reply to its address."""
+
+    def __init__(self, targets: dict[int, str], on_reply, on_lost, key=None):
+        self.id = uuid.uuid4().hex
+        self.targets = dict(targets)
+        self.on_reply = on_reply
+        self.on_lost = on_lost
+        self.key = key  # (mesh id, position) for choose()'s load balancing
+
+
+class _Conn:
+    def __init__(self, address: str):
+        self.address = address
+        self.comm = None
+        self.batched: Writer | None = None
+        self.backlog: list[dict] = []
+        self.task: asyncio.Future | None = None
+
+
+class Mailbox:
+    """Sends actor messages from this process; methods named ``_on_*`` run on ``loop``."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, connection_args: dict, on_unsolicited):
+        self.loop = loop
+        self.connection_args = connection_args
+        self.id = uuid.uuid4().hex
+        self.on_unsolicited = on_unsolicited  # broadcast errors that are reported to us
+        self.dead: dict[str, str] = {}  # address -> cause
+        self.inflight: Counter = Counter()
+        self.meshes: dict[str, Any] = {}  # actor meshes spawned from here, by id
+        self.closed = False
+        self._conns: dict[str, _Conn] = {}
+        self._pending: dict[str, Pending] = {}
+        self._lock = threading.Lock()
+        self._loop_thread: int | None = None
+        loop.call_soon_threadsafe(self._note_thread)
+
+    def _note_thread(self) -> None:
+        self._loop_thread = threading.get_ident()
+
+    def _soon(self, fn, *args) -> None:
+        if threading.get_ident() == self._loop_thread:
+            fn(*args)
+        else:
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    # -- any thread ---------------------------------------------------------------------------
+    def send(self, msgs: list[tuple[str, dict]], pending: Pending | None = None) -> None:
+        """Send each ``(address, message)`` in order; ``pending`` collects the replies."""
+        if pending is not None:
+            msgs = [(a, {**m, "id": pending.id}) for a, m in msgs]
+            with self._lock:
+                self._pending[pending.id] = pending
+                if pending.key is not None:
+                    self.inflight[pending.key] += 1
+        self._soon(self._on_send, msgs)
+
+    def cause_of(self, address: str) -> str | None:
+        return self.dead.get(address)
+
+    def mark_dead(self, address: str, cause: str) -> None:
+        """Another signal (the scheduler removed the worker) that ``address`` is gone."""
+        self._soon(self._on_dead, address, cause)
+
+    def close(self) -> None:
+        self.closed = True
+        self._soon(self._on_close)
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def _on_send(self, msgs: list[tuple[str, dict]]) -> None:
+        for address, msg in msgs:
+            if address in self.dead or self.closed:
+                self._fail_one(address, msg.get("id"), self.dead.get(address, "mailbox closed"))
+                continue
+            conn = self._conns.get(address)
+            if conn is None:
+                conn = self._conns[address] = _Conn(address)
+                conn.task = asyncio.ensure_future(self._serve(conn))
+            if conn.batched is None:
+                conn.backlog.append(msg)
+            else:
+                conn.batched.send(msg)
+
+    async def _serve(self, conn: _Conn) -> None:
+        cause = "its connection closed"
+        try:
+            conn.comm = await connect(conn.address, timeout=CONNECT_TIMEOUT, **self.connection_args)
+            await conn.comm.write({"op": ATTACH, "reply": False, "caller": self.id})
+            conn.batched = Writer(conn.comm)
+            if conn.backlog:
+                conn.batched.send(*conn.backlog)
+                conn.backlog = []
+            while True:
+                for msg in await conn.comm.read():
+                    self._on_message(msg)
+        except (CommClosedError, OSError) as e:
+            if conn.comm is None:
+                cause = f"the worker process cannot be reached ({e})"
+            else:
+                cause = f"the worker process is gone (its connection closed: {type(e).__name__})"
+        finally:
+            if self._conns.get(conn.address) is conn:
+                del self._conns[conn.address]
+            if not self.closed:
+                self._on_dead(conn.address, cause)
+
+    def _on_message(self, msg: dict) -> None:
+        if "id" not in msg:
+            self.on_unsolicited(msg)
+            return
+        with self._lock:
+            pending = self._pending.get(msg["id"])
+            if pending is None or msg["r"] not in pending.targets:
+                return
+            del pending.targets[msg["r"]]
+            self._retire(pending)
+        pending.on_reply(msg["r"], msg)
+
+    def _retire(self, pending: Pending) -> None:
+        if not pending.targets:
+            del self._pending[pending.id]
+            if pending.key is not None:
+                self.inflight[pending.key] -= 1
+
+    def _on_dead(self, address: str, cause: str) -> None:
+        self.dead.setdefault(address, cause)
+        conn = self._conns.pop(address, None)
+        if conn is not None and conn.comm is not None:
+            conn.comm.abort()
+        if conn is not None:
+            for msg in conn.backlog:
+                self._fail_one(address, msg.get("id"), self.dead[address])
+        with self._lock:
+            hit = [p for p in self._pending.values() if address in p.targets.values()]
+        for pending in hit:
+            for rank in [r for r, a in pending.targets.items() if a == address]:
+                self._fail_one(address, pending.id, self.dead[address], rank)
+
+    def _fail_one(self, address: str, pid: str | None, cause: str, rank: int | None = None):
+        with self._lock:
+            pending = self._pending.get(pid) if pid else None
+            if pending is None:
+                return
+            ranks = (
+                [rank]
+                if rank is not None
+                else [r for r, a in pending.targets.items() if a == address]
+            )
+            ranks = [r for r in ranks if r in pending.targets]
+            for r in ranks:
+                del pending.targets[r]
+            self._retire(pending)
+        for r in ranks:
+            pending.on_lost(r, address, cause)
+
+    def _on_close(self) -> None:
+        for conn in list(self._conns.values()):
+            if conn.comm is not None:
+                conn.comm.abort()
+        self._conns.clear()
+        with self._lock:
+            left = list(self._pending.values())
+        for pending in left:
+            for rank, address in list(pending.targets.items()):
+                self._fail_one(address, pending.id, "the cluster was shut down", rank)
+
+
+class Writer:
+    """Writes messages to a comm in order, batching what arrives during a write. Lighter than
+    distributed's BatchedSend (no timer per message), which matters for small round trips.
+    ``send`` runs on the comm's event loop."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        self._buffer: list[dict] = []
+        self._task: asyncio.Task | None = None
+
+    def send(self, *msgs: dict) -> None:
+        self._buffer.extend(msgs)
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            while self._buffer and not self.comm.closed():
+                batch, self._buffer = self._buffer, []
+                await self.comm.write(batch, on_error="raise")
+        except (CommClosedError, OSError):
+            self.comm.abort()  # the reader sees it and reports the worker gone
+        except Exception:
+            logger.exception("cannot write actor messages to %s", self.comm.peer_address)
+            self.comm.abort()
+        finally:
+            self._task = None

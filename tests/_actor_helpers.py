@@ -1,0 +1,137 @@
+"""Actor classes for tests/test_actors.py (sent to the workers by value)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+from monarch_nb.actors import Actor, context, current_rank, current_size, endpoint
+
+
+def divide(x):
+    return 1 / x
+
+
+class Counter(Actor):
+    def __init__(self, start=0):
+        self.n = start
+        self.log = []
+        self.spawned_at = dict(current_rank())
+
+    @endpoint
+    def incr(self, by=1):
+        self.n += by
+        return self.n
+
+    @endpoint
+    def push(self, x):
+        self.log.append(x)
+
+    @endpoint
+    def pulled(self):
+        return list(self.log)
+
+    @endpoint
+    def where(self):
+        point = current_rank()
+        return {
+            "point": dict(point),
+            "index": point.rank,
+            "size": current_size(),
+            "cluster_rank": context().actor_instance.cluster_rank,
+            "spawned_at": self.spawned_at,
+            "pid": os.getpid(),
+            "thread": threading.current_thread().name,
+        }
+
+    @endpoint
+    def fail(self, x):
+        return divide(x)
+
+    @endpoint
+    def sleep(self, seconds):
+        time.sleep(seconds)
+        return context().actor_instance.cluster_rank
+
+    @endpoint
+    def sleep_by_rank(self, seconds):
+        """Rank 0 sleeps, the others answer at once."""
+        rank = context().actor_instance.cluster_rank
+        if rank == 0:
+            time.sleep(seconds)
+        return rank
+
+    @endpoint
+    def sleep_on(self, rank, seconds):
+        """Only ``rank`` sleeps."""
+        if context().actor_instance.cluster_rank == rank:
+            time.sleep(seconds)
+        return rank
+
+    @endpoint
+    def generator(self):
+        return (i for i in range(3))
+
+    def helper(self):
+        return "not an endpoint"
+
+
+class Sleeper(Actor):
+    @endpoint
+    async def nap(self, seconds, tag):
+        await asyncio.sleep(seconds)
+        return tag
+
+    @endpoint
+    def thread_name(self):
+        return threading.current_thread().name
+
+
+class Broken(Actor):
+    def __init__(self, bad_rank):
+        if context().actor_instance.cluster_rank == bad_rank:
+            raise ValueError("no accelerator on this rank")
+
+
+class Pinger(Actor):
+    def __init__(self):
+        self.seen = []
+
+    def _other(self, peers):
+        return peers.slice(gpus=1 - context().actor_instance.rank["gpus"])
+
+    @endpoint
+    def pong(self, n):
+        self.seen.append(n)
+        return (context().actor_instance.cluster_rank, n)
+
+    @endpoint
+    def ping(self, peers, n):
+        return self._other(peers).pong.call_one(n).get(timeout=10)
+
+    @endpoint
+    async def aping(self, peers, n):
+        return await self._other(peers).pong.call_one(n)
+
+    @endpoint
+    def burst(self, peers, n):
+        """n broadcasts to the other actor, then a call; returns what it saw, in order."""
+        other = self._other(peers)
+        for i in range(n):
+            other.pong.broadcast(i)
+        other.pong.call_one(n).get(timeout=10)
+        return other.history.call_one().get(timeout=10)
+
+    @endpoint
+    def history(self):
+        return list(self.seen)
+
+    @endpoint
+    def ping_dead(self, peers):
+        return self._other(peers).pong.call_one(0).get(timeout=10)
+
+
+class NotAnActor:
+    pass
