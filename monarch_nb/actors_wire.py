@@ -28,6 +28,7 @@ from distributed.comm import CommClosedError, connect
 
 from .actors_context import EndpointProperty
 from .results import RemoteError
+from .wire import Writer
 
 ATTACH = "monarch_actors_attach"
 logger = logging.getLogger("monarch_nb.actors")
@@ -386,32 +387,3 @@ class Mailbox:
         for pending in left:
             for rank, address in list(pending.targets.items()):
                 self._fail_one(address, pending.id, "the cluster was shut down", rank)
-
-
-class Writer:
-    """Writes messages to a comm in order, batching what arrives during a write. Lighter than
-    distributed's BatchedSend (no timer per message), which matters for small round trips.
-    ``send`` runs on the comm's event loop."""
-
-    def __init__(self, comm):
-        self.comm = comm
-        self._buffer: list[dict] = []
-        self._task: asyncio.Task | None = None
-
-    def send(self, *msgs: dict) -> None:
-        self._buffer.extend(msgs)
-        if self._task is None:
-            self._task = asyncio.ensure_future(self._drain())
-
-    async def _drain(self) -> None:
-        try:
-            while self._buffer and not self.comm.closed():
-                batch, self._buffer = self._buffer, []
-                await self.comm.write(batch, on_error="raise")
-        except (CommClosedError, OSError):
-            self.comm.abort()  # the reader sees it and reports the worker gone
-        except Exception:
-            logger.exception("cannot write actor messages to %s", self.comm.peer_address)
-            self.comm.abort()
-        finally:
-            self._task = None

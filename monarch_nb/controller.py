@@ -346,9 +346,11 @@ class Controller:
     ) -> Request:
         req = Request(kind, ranks)
         self._router.add(req)
-        for rank in ranks:
-            body = {**(msg or {}), **((per_rank or {}).get(rank, {})), "id": req.id}
-            self._loop.call_soon_threadsafe(self._links[rank].send, body)
+        sends = [
+            (self._links[rank], {**(msg or {}), **((per_rank or {}).get(rank, {})), "id": req.id})
+            for rank in ranks
+        ]
+        self._loop.call_soon_threadsafe(_send_all, sends)  # one wake-up of the loop for all ranks
         return req
 
     def _gather(
@@ -709,6 +711,11 @@ class CellHandle:
     def __repr__(self) -> str:
         state = "done" if self.done() else "running"
         return f"<CellHandle {self._req.id} on {format_ranks(self._req.ranks)}: {state}>"
+
+
+def _send_all(sends: list[tuple[Link, dict[str, Any]]]) -> None:
+    for link, body in sends:
+        link.send(body)
 
 
 def _unpack(rank: int, ev: dict[str, Any]) -> Any:

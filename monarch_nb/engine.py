@@ -25,11 +25,11 @@ from typing import Any
 
 import cloudpickle
 from distributed import WorkerPlugin
-from distributed.batched import BatchedSend
 from distributed.comm import CommClosedError
 from distributed.core import Status
 
 from .capture import Outbox, capturing, current_capture, install_routers
+from .wire import Writer
 
 PLUGIN_NAME = "monarch-engine"
 IDENTITY = ("rank", "world_size", "local_rank", "host", "device", "display")
@@ -52,8 +52,7 @@ class Channel:
         self.engine = engine
         self.comm = comm
         self.controller = controller
-        self.batched = BatchedSend(interval=0, loop=engine.loop)
-        self.batched.start(comm)
+        self.writer = Writer(comm)
         self.outbox = Outbox(self._wake)
         self._asyncio_loop = engine.loop.asyncio_loop
 
@@ -70,7 +69,7 @@ class Channel:
         events, again = self.outbox.drain()
         if events and not self.comm.closed():
             try:
-                self.batched.send(*events)
+                self.writer.send(*events)
             except CommClosedError:
                 return
         if again:

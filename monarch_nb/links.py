@@ -1,6 +1,6 @@
 """Controller side of the wire: one comm per rank, straight to the worker's engine.
 
-Requests go out through a BatchedSend on the client's event loop; events come back on the same
+Requests go out through a Writer on the client's event loop; events come back on the same
 comm and are routed by request id to the Request's thread-safe queue, where the controller's
 thread (the notebook's main thread) picks them up.
 """
@@ -8,6 +8,7 @@ thread (the notebook's main thread) picks them up.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import queue
 import threading
@@ -16,8 +17,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from distributed.batched import BatchedSend
 from distributed.comm import CommClosedError, connect
+
+from .wire import Writer
 
 _ids = itertools.count(1)
 
@@ -99,7 +101,7 @@ class Link:
         self.on_lost = on_lost  # called with (rank, why) when the worker goes away
         self.closing = False
         self.comm = None
-        self.batched: BatchedSend | None = None
+        self.writer: Writer | None = None
         self.reader: asyncio.Future | None = None
 
     async def open(self, controller: str, world_size: int, setup_id: str, connection_args) -> None:
@@ -115,8 +117,7 @@ class Link:
                 "local_rank": self.info.local_rank,
             }
         )
-        self.batched = BatchedSend(interval=0)
-        self.batched.start(self.comm)
+        self.writer = Writer(self.comm)
 
     async def read_forever(self) -> None:
         why = "its connection closed"
@@ -133,17 +134,18 @@ class Link:
                 self.on_lost(self.info.rank, why)
 
     def send(self, msg: dict[str, Any]) -> None:
-        if self.batched is None or self.comm is None or self.comm.closed():
+        if self.writer is None or self.comm is None or self.comm.closed():
             self.router.deliver(
                 self.info.rank,
                 {"ev": "done", "id": msg.get("id", ""), "status": "lost", "why": "not connected"},
             )
             return
-        self.batched.send(msg)
+        self.writer.send(msg)
 
     async def close(self) -> None:
         self.closing = True
-        if self.batched is not None:
-            await self.batched.close(timeout=2)
+        if self.writer is not None:
+            with contextlib.suppress(Exception):
+                await self.writer.flush(timeout=2)
         if self.comm is not None and not self.comm.closed():
             self.comm.abort()
