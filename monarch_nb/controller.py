@@ -28,7 +28,7 @@ import cloudpickle
 from . import cluster as clusters
 from . import dashboard, metrics, registry, remote
 from .engine import PLUGIN_NAME, EnginePlugin
-from .links import Link, RankInfo, Request, Router
+from .links import Link, RankInfo, Reader, Request, Router
 from .output import ConsoleSink, Renderer, live_sink
 from .results import CellError, CellTimeout, RemoteError, UnserializableResult, ValueMesh
 from .targets import format_ranks, parse_targets
@@ -67,20 +67,23 @@ def up(
     dist: bool = True,
     backend: str | None = None,
     current: bool = True,
+    tls: bool = False,
 ) -> Controller:
     """Start a local cluster, one worker per visible GPU (or 2 CPU workers), and control it.
 
     ``dist`` forms a torch.distributed process group over the ranks (``backend`` defaults to
-    nccl on GPUs, gloo on CPUs); ``current=False`` leaves the notebook's current cluster alone.
+    nccl on GPUs, gloo on CPUs); ``current=False`` leaves the notebook's current cluster alone;
+    ``tls`` makes every Dask comm TLS with a temporary certificate (``ctl.client.security``).
     """
     if current:
         _check_not_up()
     plans = clusters.plan_workers(clusters.detect_gpus(), workers=workers, cpu=cpu, threads=threads)
     from distributed import Client
 
-    cluster = clusters.start_local(plans, threads=threads)
+    security = clusters.temporary_security() if tls else None
+    cluster = clusters.start_local(plans, threads=threads, security=security)
     try:
-        client = Client(cluster, set_as_default=False)
+        client = Client(cluster, set_as_default=False, security=security)
         ctl = Controller(
             client,
             cluster=cluster,
@@ -106,27 +109,55 @@ def connect(
     dist: bool = True,
     backend: str | None = None,
     current: bool = True,
+    tls: Any = False,
+    tls_ca_file: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
 ) -> Controller:
     """Join a running scheduler (address or scheduler file) or any ``distributed`` cluster object
-    (dask-jobqueue, dask-kubernetes, LocalCluster...); ``cluster`` may be ``"module:factory"``."""
+    (dask-jobqueue, dask-kubernetes, LocalCluster...); ``cluster`` may be ``"module:factory"``.
+
+    A TLS scheduler (``tls://``) is joined with ``tls_ca_file``/``tls_cert``/``tls_key`` (PEM
+    files), ``tls=True`` (the certificates in Dask's ``distributed.comm.tls`` config) or
+    ``tls=`` a ``distributed.Security``; a cluster object brings its own ``security``.
+    """
     if current:
         _check_not_up()
-    from distributed import Client
+    from distributed import Client, Security
 
     if sum(x is not None for x in (address, scheduler_file, cluster)) != 1:
         raise ClusterError("connect needs exactly one of ADDRESS, --scheduler-file or --cluster")
+    if isinstance(tls, Security):
+        security = tls
+    else:
+        try:
+            security = clusters.client_security(bool(tls), tls_ca_file, tls_cert, tls_key)
+        except ValueError as e:
+            raise ClusterError(str(e)) from None
+    if security is None and str(address).startswith("tls://"):
+        raise ClusterError(
+            f"{address} speaks TLS; pass --tls-ca-file, --tls-cert and --tls-key "
+            "(or --tls with the certificates in Dask's distributed.comm.tls config)"
+        )
     if isinstance(cluster, str):
         cluster = clusters.load_factory(cluster)
     try:
         if cluster is not None:
-            client = Client(cluster, set_as_default=False, timeout=timeout)
+            client = Client(cluster, set_as_default=False, timeout=timeout, security=security)
         elif scheduler_file is not None:
-            client = Client(scheduler_file=scheduler_file, set_as_default=False, timeout=timeout)
+            client = Client(
+                scheduler_file=scheduler_file,
+                set_as_default=False,
+                timeout=timeout,
+                security=security,
+            )
         else:
-            client = Client(address, set_as_default=False, timeout=timeout)
+            client = Client(address, set_as_default=False, timeout=timeout, security=security)
     except OSError as e:
         where = address or scheduler_file or getattr(cluster, "scheduler_address", cluster)
         raise ClusterError(f"cannot reach a Dask scheduler at {where}: {e}") from None
+    except RuntimeError as e:  # a plain-TCP address while TLS is required, and the like
+        raise ClusterError(f"cannot join the scheduler: {e}") from None
     expected = workers
     if expected is None and cluster is not None and getattr(cluster, "worker_spec", None):
         expected = len(cluster.worker_spec)
@@ -166,6 +197,7 @@ class Controller:
         self.closed = False
         self.ranks: list[RankInfo] = []
         self._router = Router()
+        self._reader = Reader(self._router)
         self._links: dict[int, Link] = {}
         self._cells = itertools.count(1)
         self._notices: list[str] = []
@@ -248,13 +280,22 @@ class Controller:
 
         async def open_all():
             args = self.client.connection_args
-            await asyncio.gather(
-                *(link.open(self.id, len(self.ranks), setup.id, args) for link in links.values())
-            )
+            await asyncio.gather(*(link.open(self.id, args) for link in links.values()))
             for link in links.values():
                 link.reader = asyncio.ensure_future(link.read_forever())
 
         self._on_loop(open_all(), timeout=30)
+        for link in links.values():
+            self._reader.add(link)
+            link.send(
+                {
+                    "op": "setup",
+                    "id": setup.id,
+                    "rank": link.info.rank,
+                    "world_size": len(self.ranks),
+                    "local_rank": link.info.local_rank,
+                }
+            )
         outcomes = self._gather(
             setup, Renderer(setup.ranks), deadline=time.monotonic() + SETUP_TIMEOUT
         )
@@ -346,11 +387,12 @@ class Controller:
     ) -> Request:
         req = Request(kind, ranks)
         self._router.add(req)
-        sends = [
-            (self._links[rank], {**(msg or {}), **((per_rank or {}).get(rank, {})), "id": req.id})
-            for rank in ranks
-        ]
-        self._loop.call_soon_threadsafe(_send_all, sends)  # one wake-up of the loop for all ranks
+        for rank in ranks:
+            body = {**(msg or {}), **((per_rank or {}).get(rank, {})), "id": req.id}
+            if kind == "info":  # answered on the worker's event loop, even by a busy rank
+                self._loop.call_soon_threadsafe(self._links[rank].control, body)
+            else:
+                self._links[rank].send(body)
         return req
 
     def _gather(
@@ -400,7 +442,7 @@ class Controller:
     def _send_interrupt(self, ranks: Iterable[int], target: str | None = None) -> None:
         for rank in ranks:
             self._loop.call_soon_threadsafe(
-                self._links[rank].send, {"op": "interrupt", "target": target}
+                self._links[rank].control, {"op": "interrupt", "target": target}
             )
 
     def _results(self, req: Request, outcomes: dict[int, dict], stopped=None, timeout=None):
@@ -633,6 +675,7 @@ class Controller:
         registry.unregister(self)
         self.metrics.close()
         self._close_links()
+        self._reader.stop()
         try:
             self.client.close()
         finally:
@@ -711,11 +754,6 @@ class CellHandle:
     def __repr__(self) -> str:
         state = "done" if self.done() else "running"
         return f"<CellHandle {self._req.id} on {format_ranks(self._req.ranks)}: {state}>"
-
-
-def _send_all(sends: list[tuple[Link, dict[str, Any]]]) -> None:
-    for link, body in sends:
-        link.send(body)
 
 
 def _unpack(rank: int, ev: dict[str, Any]) -> Any:

@@ -8,6 +8,7 @@ through that store, each in its own engine thread, at the same time. ``nccl`` on
 
 from __future__ import annotations
 
+import socket
 from datetime import timedelta
 from typing import Any
 
@@ -59,13 +60,26 @@ def _open_store(engine, host: str, world_size: int, timeout: float) -> int:
     import torch.distributed as dist
 
     _leave(engine)
+    # Listen on rank 0's worker address only: a TCPStore left to itself listens on every
+    # interface, which would expose the store beyond 127.0.0.1 on a local cluster.
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, 0))
+        sock.listen(max(128, world_size))
+        port = sock.getsockname()[1]
+    except OSError:
+        sock.close()
+        raise
     store = dist.TCPStore(
         host,
-        0,
+        port,
         world_size,
         is_master=True,
         wait_for_workers=False,
         timeout=timedelta(seconds=timeout),
+        master_listen_fd=sock.detach(),
     )
     _store["master"] = store
     return store.port

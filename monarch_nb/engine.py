@@ -1,9 +1,10 @@
 """Worker side of a rank: its namespace, the thread that runs its cells, output, interrupt.
 
-A controller opens a comm straight to the worker's ``monarch_attach`` handler and keeps it; the
-handler reads requests from it on the worker's event loop and queues work for the rank's own
-thread, so a long cell never blocks the event loop (heartbeats keep flowing). ``interrupt`` and
-``info`` are answered on the loop at once, even while a cell runs.
+A controller opens a comm straight to the worker's ``monarch_attach`` handler and keeps it for
+control: ``interrupt`` and ``info`` are answered on the worker's event loop at once, even while
+a cell runs. Cells and calls travel on the data path of engine_io.py, read by the rank's own
+thread, which runs them one at a time; a long cell never blocks the event loop (heartbeats keep
+flowing).
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ from __future__ import annotations
 import ast
 import asyncio
 import builtins
+import collections
 import ctypes
 import inspect
 import linecache
 import os
 import platform
-import queue
 import socket
 import threading
 import time
@@ -28,12 +29,13 @@ from distributed import WorkerPlugin
 from distributed.comm import CommClosedError
 from distributed.core import Status
 
-from .capture import Outbox, capturing, current_capture, install_routers
-from .wire import Writer
+from .capture import capturing, current_capture, install_routers
+from .engine_io import Channel, Wire
 
 PLUGIN_NAME = "monarch-engine"
 IDENTITY = ("rank", "world_size", "local_rank", "host", "device", "display")
 CELL_PREFIX = "<monarch cell "
+MAX_CANCELLED = 1024  # ids of interrupted-before-they-ran requests remembered
 
 
 _engine: Engine | None = None  # the engine of this worker process, once it has one
@@ -43,40 +45,6 @@ def get_engine() -> Engine | None:
     """The engine of the worker process this code runs in (a cell, an actor, a task), or None
     outside a monarch worker."""
     return _engine
-
-
-class Channel:
-    """One controller's connection to this engine."""
-
-    def __init__(self, engine: Engine, comm, controller: str):
-        self.engine = engine
-        self.comm = comm
-        self.controller = controller
-        self.writer = Writer(comm)
-        self.outbox = Outbox(self._wake)
-        self._asyncio_loop = engine.loop.asyncio_loop
-
-    def _wake(self, urgent: bool) -> None:
-        self._asyncio_loop.call_soon_threadsafe(self._schedule, urgent)
-
-    def _schedule(self, urgent: bool) -> None:
-        if urgent:
-            self._flush()
-        else:
-            self._asyncio_loop.call_later(0.005, self._flush)
-
-    def _flush(self) -> None:
-        events, again = self.outbox.drain()
-        if events and not self.comm.closed():
-            try:
-                self.writer.send(*events)
-            except CommClosedError:
-                return
-        if again:
-            self._asyncio_loop.call_later(0.05, self._flush)
-
-    def reply(self, event: dict[str, Any]) -> None:
-        self.outbox.emit(event, urgent=True)
 
 
 class Engine:
@@ -89,15 +57,13 @@ class Engine:
         self.identity: dict[str, Any] = {}
         self.device_info: dict[str, Any] = {}
         self.namespace: dict[str, Any] = {}
-        self.channels: dict[str, Channel] = {}
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._queued: set[str] = set()  # ids waiting in _queue (read by interrupt and info)
+        self.wire = Wire(_listen_host(worker), _ssl_context(worker))
         self._lock = threading.Lock()
         self._current: str | None = None
         self._started_at: float | None = None
         self._in_user = False
         self._interrupted = False
-        self._cancelled: set[str] = set()
+        self._cancelled: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._aloop: asyncio.AbstractEventLoop | None = None
         install_routers()
         _install_display()
@@ -105,43 +71,35 @@ class Engine:
         self._thread.start()
 
     # -- event loop side ------------------------------------------------------------------
-    async def attach(self, comm, controller: str, **identity) -> Status:
-        channel = Channel(self, comm, controller)
-        old = self.channels.pop(controller, None)
-        if old is not None:
-            old.comm.abort()
-        self.channels[controller] = channel
-        self._enqueue(channel, {"op": "setup", "id": identity.pop("setup_id"), **identity})
+    async def attach(self, comm, controller: str) -> Status:
+        """The control comm of ``controller``: tell it where the data path listens, then obey
+        interrupt and info until it goes away."""
+        channel = self.wire.new_channel(controller, comm)
+        await comm.write({"port": self.wire.port, "token": self.wire.token})
         try:
             while True:
                 for msg in await comm.read():
-                    self._dispatch(channel, msg)
+                    self._control(channel, msg)
         except (CommClosedError, OSError):
             pass
         finally:
-            if self.channels.get(controller) is channel:
-                del self.channels[controller]
+            self.wire.close_channel(channel)
         return Status.dont_reply
 
-    def _dispatch(self, channel: Channel, msg: dict[str, Any]) -> None:
-        op = msg["op"]
-        if op == "interrupt":
+    def _control(self, channel: Channel, msg: dict[str, Any]) -> None:
+        if msg["op"] == "interrupt":
             self.interrupt(msg.get("target"))
-        elif op == "info":
+        elif msg["op"] == "info":
             channel.reply({"ev": "done", "id": msg["id"], "status": "ok", "info": self.info()})
-        else:
-            self._enqueue(channel, msg)
-
-    def _enqueue(self, channel: Channel, msg: dict[str, Any]) -> None:
-        self._queued.add(msg["id"])
-        self._queue.put((channel, msg))
 
     def interrupt(self, cell_id: str | None = None) -> None:
         """Raise KeyboardInterrupt in the running cell (or drop ``cell_id`` if still queued)."""
         with self._lock:
             if cell_id is not None and cell_id != self._current:
-                if cell_id in self._queued:
-                    self._cancelled.add(cell_id)
+                # Still to come (or already done): drop it when it arrives.
+                self._cancelled[cell_id] = None
+                while len(self._cancelled) > MAX_CANCELLED:
+                    self._cancelled.popitem(last=False)
                 return
             if self._in_user and self._thread.ident is not None:
                 self._interrupted = True
@@ -158,15 +116,14 @@ class Engine:
             "device": self.device_info,
             "busy_since": self._started_at,
             "current": self._current,
-            "queued": len(self._queued),
+            "queued": len(self.wire.inbox),
             "names": len(names),
         }
 
     # -- the rank's thread ----------------------------------------------------------------
     def _main(self) -> None:
         while True:
-            channel, msg = self._queue.get()
-            self._queued.discard(msg["id"])
+            channel, msg = self.wire.next_request()
             try:
                 self._handle(channel, msg)
             except BaseException:
@@ -177,7 +134,7 @@ class Engine:
         cid = msg["id"]
         with self._lock:
             if cid in self._cancelled:
-                self._cancelled.discard(cid)
+                del self._cancelled[cid]
                 channel.reply({"ev": "done", "id": cid, "status": "cancelled"})
                 return
             self._current, self._started_at = cid, time.time()
@@ -303,6 +260,19 @@ class Engine:
         if isinstance(exc, KeyboardInterrupt) and not evalue:
             evalue = "interrupted"
         return {"ename": type(exc).__name__, "evalue": evalue, "traceback": lines}
+
+
+def _listen_host(worker) -> str:
+    """The host the worker listens on: every controller that reaches the worker reaches it."""
+    hostport = worker.address.split("://", 1)[-1]
+    return hostport.rsplit(":", 1)[0].strip("[]")
+
+
+def _ssl_context(worker):
+    """The worker's server-side TLS context where the cluster uses TLS, else None."""
+    if not worker.address.startswith("tls://"):
+        return None
+    return worker.security.get_listen_args("worker").get("ssl_context")
 
 
 def _plain_error(text: str) -> dict[str, Any]:

@@ -77,7 +77,11 @@ def dashboard_base(link: str | None) -> str | None:
 
 def _process_started(pid: int) -> float | None:
     try:
-        return psutil.Process(pid).create_time()
+        proc = psutil.Process(pid)
+        # A killed kernel stays a zombie until the Jupyter server (its parent) reaps it: gone.
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc.create_time()
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return None
     except psutil.AccessDenied:

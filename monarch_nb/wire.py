@@ -1,9 +1,16 @@
-"""Writing messages to a distributed comm from its event loop, in order, with low latency."""
+"""Messages between processes with low latency: ``Writer`` for a distributed comm on its event
+loop, ``FrameConn`` for the controller-to-engine data path on plain sockets, used from threads."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import pickle
+import socket
+import struct
+import threading
+from typing import Any
 
 from distributed.comm import CommClosedError
 
@@ -42,3 +49,85 @@ class Writer:
             self.comm.abort()
         finally:
             self._task = None
+
+
+HEADER = struct.Struct("!Q")  # the length of the pickled message that follows
+MAX_READ = 1 << 20
+
+
+class FrameConn:
+    """Pickled messages, each behind an 8-byte length, over a plain or TLS socket.
+
+    The data path between a controller and an engine: ``send`` may be called from any thread
+    (a lock keeps frames whole); ``feed`` is called by the one thread that reads, when
+    ``select`` says the socket is readable, and returns the messages that are complete.
+    """
+
+    def __init__(self, sock: socket.socket):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock
+        self.lock = threading.Lock()
+        self.backlog: list[Any] = []  # messages that arrived with the handshake
+        self._buf = bytearray()
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def send(self, msg: Any) -> None:
+        with self.lock:
+            self.send_locked(msg)
+
+    def send_locked(self, msg: Any) -> None:
+        """``send`` for a caller that already holds ``lock``."""
+        data = pickle.dumps(msg, protocol=5)
+        if len(data) < 65536:
+            self.sock.sendall(HEADER.pack(len(data)) + data)
+        else:
+            self.sock.sendall(HEADER.pack(len(data)))
+            self.sock.sendall(data)
+
+    def feed(self) -> list[Any] | None:
+        """The complete messages now readable, or None once the other side has closed."""
+        chunk = self.sock.recv(MAX_READ)
+        if not chunk:
+            return None
+        self._buf += chunk
+        pending = getattr(self.sock, "pending", None)  # TLS keeps decrypted bytes of its own
+        while pending is not None and pending():
+            self._buf += self.sock.recv(MAX_READ)
+        out = []
+        view = self._buf
+        start = 0
+        while len(view) - start >= HEADER.size:
+            (n,) = HEADER.unpack_from(view, start)
+            if len(view) - start - HEADER.size < n:
+                break
+            out.append(pickle.loads(view[start + HEADER.size : start + HEADER.size + n]))
+            start += HEADER.size + n
+        if start:
+            del self._buf[:start]
+        return out
+
+    def recv_one(self, timeout: float) -> Any:
+        """Block (at most ``timeout`` seconds) for one message: the handshake."""
+        self.sock.settimeout(timeout)
+        try:
+            while True:
+                msgs = self.feed()
+                if msgs is None:
+                    raise ConnectionError("the connection closed during the handshake")
+                if msgs:
+                    self.backlog.extend(msgs[1:])
+                    return msgs[0]
+        finally:
+            self.sock.settimeout(None)
+
+    def shutdown(self) -> None:
+        """End the connection; the reading thread sees the end and closes the socket."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.shutdown()
+        with contextlib.suppress(OSError):
+            self.sock.close()
