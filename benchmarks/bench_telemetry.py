@@ -1,4 +1,6 @@
-"""Telemetry overhead: CPU time of the sampler thread, as % of one core (budget: 1%).
+"""Telemetry overhead: CPU time of the sampler thread, as % of one core (budget: 1%), and the
+step time of a DDP training loop with telemetry, log() and the live panel on against off
+(budget: 2%).
 
 Measured with ``time.thread_time()`` inside the sampler thread (only that thread's CPU time),
 first in this process for each rate, then on the workers of a real 2-rank cluster at the
@@ -7,6 +9,7 @@ through psutil, whichever the worker has) and its process::
 
     .venv/bin/python benchmarks/bench_telemetry.py                 # 10 s per row
     .venv/bin/python benchmarks/bench_telemetry.py --seconds 30 --hz 2,10 --no-cluster
+    .venv/bin/python benchmarks/bench_telemetry.py --steps 400 --repeats 5   # the step times
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import time
 
 from monarch_nb import telemetry
@@ -79,6 +83,56 @@ def on_workers(seconds: float) -> list[dict]:
     return rows
 
 
+TRAIN = """
+import time, torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from monarch_nb import log
+torch.manual_seed(0)
+_model = DDP(nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256)))
+_opt = torch.optim.SGD(_model.parameters(), lr=1e-3)
+_x = torch.randn(64, 256)
+def _train(steps, logging):
+    start = time.perf_counter()
+    for step in range(steps):
+        loss = _model(_x).pow(2).mean()
+        _opt.zero_grad()
+        loss.backward()
+        _opt.step()
+        if logging:
+            log(step=step, loss=loss.item())
+    return 1000 * (time.perf_counter() - start) / steps
+"""
+
+
+def training_overhead(steps: int, repeats: int) -> list[tuple[str, float]]:
+    """Median ms per step (mean over the ranks), telemetry + log() + live panel off and on."""
+    import monarch_nb
+    from monarch_nb import metrics
+    from monarch_nb.widgets import LivePanel
+
+    ctl = monarch_nb.up(workers=2, cpu=True)
+    times: dict[str, list[float]] = {"off": [], "on": []}
+    try:
+        ctl.run(TRAIN)
+        ctl.run(f"_train({steps // 4}, False)")  # warm up
+        for _ in range(repeats):  # alternate so drift hits both alike
+            for mode in ("off", "on"):
+                metrics.install(ctl.client, hz=0 if mode == "off" else 2)
+                panel = LivePanel(ctl) if mode == "on" else None
+                handle = ctl.run(f"_train({steps}, {mode == 'on'})", block=False)
+                if panel is not None:
+                    panel.track(handle._req)
+                    panel.start()
+                values = handle.result(timeout=600).values()
+                if panel is not None:
+                    panel.close()
+                times[mode].append(statistics.mean(values))
+    finally:
+        ctl.down()
+    return [(mode, statistics.median(v)) for mode, v in times.items()]
+
+
 def table(rows: list[dict]) -> str:
     head = ["where", "probe", "Hz", "wall s", "samples", "CPU ms", "% of a core", "us/sample"]
     out = [head]
@@ -106,6 +160,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="per row")
     parser.add_argument("--hz", default="2,10", help="rates for the in-process rows")
     parser.add_argument("--no-cluster", action="store_true", help="skip the worker rows")
+    parser.add_argument("--steps", type=int, default=400, help="training steps per run")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each mode")
+    parser.add_argument("--no-training", action="store_true", help="skip the step times")
     args = parser.parse_args()
     rows = [in_process(float(hz), args.seconds) for hz in args.hz.split(",")]
     if not args.no_cluster:
@@ -115,6 +172,17 @@ def main() -> None:
         f"{os.cpu_count()} CPUs, Python {platform.python_version()}"
     )
     print(table(rows))
+    if not args.no_training:
+        (_, off), (_, on) = training_overhead(args.steps, args.repeats)
+        print()
+        print(
+            f"DDP training step, 2 CPU ranks, gloo, median of {args.repeats} runs of {args.steps}"
+        )
+        print(f"{'telemetry, log() and live panel':<34} {'ms/step':>8}")
+        print(f"{'off (sampler at 0 Hz, no log)':<34} {off:>8.3f}")
+        print(f"{'on (2 Hz, log every step, panel)':<34} {on:>8.3f}")
+        overhead = 100 * (on - off) / off
+        print(f"overhead {overhead:+.1f}% (target <= 2%: {'met' if overhead <= 2 else 'NOT met'})")
 
 
 if __name__ == "__main__":
