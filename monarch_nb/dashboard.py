@@ -59,16 +59,6 @@ def worker_rows(scheduler) -> list[dict[str, Any]]:
     return rows
 
 
-def thin(rows: list, keep: int | None) -> list:
-    """At most ``keep`` rows, evenly spaced, always with the newest."""
-    if keep is None or len(rows) <= keep:
-        return rows
-    if keep <= 1:
-        return rows[-1:]
-    stride = (len(rows) - 1) / (keep - 1)
-    return [rows[round(i * stride)] for i in range(keep)]
-
-
 def payload(
     scheduler, since: float | None = None, points: int | None = None, samples: int | None = None
 ) -> dict[str, Any]:
@@ -77,11 +67,7 @@ def payload(
     rows (evenly thinned) and the last ``samples`` telemetry samples per rank."""
     from .metrics import metrics_snapshot
 
-    snapshot = metrics_snapshot(scheduler, since)
-    for rank in snapshot.get("ranks", []):
-        rank["scalars"] = thin(rank.get("scalars", []), points)
-        if samples is not None:
-            rank["samples"] = rank.get("samples", [])[-samples:] if samples > 0 else []
+    snapshot = metrics_snapshot(scheduler, since, points, samples)
     return {"time": time.time(), "workers": worker_rows(scheduler), "metrics": snapshot}
 
 

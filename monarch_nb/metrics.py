@@ -366,19 +366,26 @@ class Store:
     def sorted(self) -> list[RankStore]:
         return sorted(self.ranks.values(), key=lambda rs: (rs.rank is None, rs.rank or 0))
 
-    def snapshot(self, since: float | None = None) -> dict[str, Any]:
-        """JSON-serializable: every rank's latest values and rows (newer than ``since``).
+    def snapshot(
+        self, since: float | None = None, points: int | None = None, samples: int | None = None
+    ) -> dict[str, Any]:
+        """JSON-serializable: every rank's latest values and rows (newer than ``since``; at
+        most ``points`` scalar rows, evenly thinned, and the last ``samples`` samples).
         Non-finite floats (a diverged loss) become None, as JSON has no NaN."""
         ranks = []
         for rs in self.sorted():
-            scalars = [[s, t, _finite(v)] for s, t, v in rs.scalars if since is None or t > since]
-            samples = [_finite(x) for x in rs.samples if since is None or x["time"] > since]
+            rows = thin([r for r in rs.scalars if since is None or r[1] > since], points)
+            kept = [x for x in rs.samples if since is None or x["time"] > since]
+            if samples is not None:
+                kept = kept[-samples:] if samples > 0 else []
+            scalars = [[s, t, _finite(v)] for s, t, v in rows]
+            samples_out = [_finite(x) for x in kept]
             entry = rs.latest()
             entry.update(
                 values=_finite(entry["values"]),
                 sample=_finite(entry["sample"]) if entry["sample"] else None,
                 scalars=scalars,
-                samples=samples,
+                samples=samples_out,
                 messages=rs.messages,
                 rows=rs.rows,
                 dropped=rs.dropped,
@@ -389,6 +396,16 @@ class Store:
             "limits": {"scalar_rows": self.scalar_rows, "sample_rows": self.sample_rows},
             "ranks": ranks,
         }
+
+
+def thin(rows: list, keep: int | None) -> list:
+    """At most ``keep`` rows, evenly spaced, always with the newest."""
+    if keep is None or len(rows) <= keep:
+        return rows
+    if keep <= 1:
+        return rows[-1:]
+    stride = (len(rows) - 1) / (keep - 1)
+    return [rows[round(i * stride)] for i in range(keep)]
 
 
 def _finite(d: Mapping[str, Any]) -> dict[str, Any]:
@@ -418,13 +435,15 @@ class MetricsStore(SchedulerPlugin):
             self.store.add(msg)
 
 
-def metrics_snapshot(scheduler, since: float | None = None) -> dict[str, Any]:
+def metrics_snapshot(
+    scheduler, since: float | None = None, points: int | None = None, samples: int | None = None
+) -> dict[str, Any]:
     """The scheduler's store as JSON-serializable data (``ranks`` is empty where metrics are
-    not installed); ``since``: only rows and samples newer than this time."""
+    not installed); ``since``, ``points``, ``samples`` as for ``Store.snapshot``."""
     plugin = scheduler.plugins.get(SCHEDULER_PLUGIN)
     if plugin is None:
         return {"time": time.time(), "limits": {}, "ranks": []}
-    return plugin.store.snapshot(since)
+    return plugin.store.snapshot(since, points, samples)
 
 
 def _snapshot_on_scheduler(since=None, dask_scheduler=None):

@@ -12,13 +12,13 @@ from __future__ import annotations
 import html
 import threading
 import time
-from typing import Any
 
 from . import figures
 from .targets import format_ranks
 
 DEFAULT_HZ = 2.0
 SHOW_AFTER = 1.0  # seconds a blocking cell runs before its panel appears
+LOSS_POINTS = 400  # points per rank in the loss chart (evenly thinned, newest kept)
 _STATE_COLORS = {
     "running": "#1f77b4",
     "done": "#2ca02c",
@@ -63,10 +63,14 @@ class LivePanel:
         self._dirty = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._unsubscribe = ctl.metrics.subscribe(lambda _event: self._dirty.set())
+        self._metrics_news = False
+        self._unsubscribe = ctl.metrics.subscribe(self._on_metrics)
         self._released = False
-        self._last_snapshot: dict[str, Any] | None = None
         self.refresh()
+
+    def _on_metrics(self, _event) -> None:
+        self._metrics_news = True
+        self._dirty.set()
 
     # -- what the panel shows --------------------------------------------------------------
     def track(self, request) -> None:
@@ -89,14 +93,15 @@ class LivePanel:
                 states[rank] = ({"ok": "done"}.get(status, status or "done"), None)
         return states
 
-    def refresh(self) -> None:
-        """Read the hub once and change the figures' data in place."""
-        snapshot = self.ctl.metrics.store.snapshot()
-        if snapshot != self._last_snapshot:
+    def refresh(self, force: bool = True) -> None:
+        """Read the hub (the updating thread: only when it has news) and change the figures'
+        data in place."""
+        if force or self._metrics_news:
+            self._metrics_news = False
+            snapshot = self.ctl.metrics.store.snapshot(points=LOSS_POINTS, samples=0)
             view = figures.rank_view({"workers": [], "metrics": snapshot})
             self._bars.data = figures.bar_columns(view)
             self._loss.data = figures.loss_columns(view)
-            self._last_snapshot = snapshot
             self.updates += 1
         self.header.value = self._header_html()
         self.states.value = self._states_html()
@@ -145,7 +150,7 @@ class LivePanel:
             self._dirty.wait(self.interval)
             self._dirty.clear()
             try:
-                self.refresh()
+                self.refresh(force=False)
             except Exception:  # the cluster went down under us: show what we have
                 if self.ctl.closed:
                     break
