@@ -28,8 +28,9 @@ import cloudpickle
 from . import cluster as clusters
 from . import dashboard, metrics, registry, remote
 from .engine import PLUGIN_NAME, EnginePlugin
+from .handles import CellHandle
 from .links import Link, RankInfo, Reader, Request, Router
-from .output import ConsoleSink, Renderer, live_sink
+from .output import Renderer, live_sink
 from .results import CellError, CellTimeout, RemoteError, UnserializableResult, ValueMesh
 from .targets import format_ranks, parse_targets
 
@@ -595,7 +596,7 @@ class Controller:
     def gather(self, name: str, targets=None):
         """The rank values of ``name`` joined in rank order (lists, tuples, strings, tensors and
         arrays are concatenated; anything else comes back as a list)."""
-        return _concat(self.pull(name, targets).values())
+        return remote.concat(self.pull(name, targets).values())
 
     def interrupt(self, targets=None) -> list[int]:
         """Raise KeyboardInterrupt in whatever cell the targeted ranks are running."""
@@ -689,73 +690,6 @@ class Controller:
         return f"<monarch_nb.Controller {state}>"
 
 
-class CellHandle:
-    """A cell started with ``block=False`` (``--noblock``): output keeps arriving while the
-    notebook stays usable."""
-
-    def __init__(self, ctl: Controller, req: Request, renderer: Renderer, timeout: float | None):
-        self._ctl, self._req = ctl, req
-        self._done = threading.Event()
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self._sink = renderer.sink
-        self._thread = threading.Thread(
-            target=self._follow, args=(renderer, timeout), daemon=True, name=f"monarch-{req.id}"
-        )
-        self._thread.start()
-
-    def _follow(self, renderer: Renderer, timeout: float | None) -> None:
-        try:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            outcomes: dict[int, dict] = {}
-            stopped = None
-            try:
-                self._ctl._gather(self._req, renderer, deadline, outcomes)
-            except TimeoutError:
-                running = [r for r in self._req.ranks if r not in outcomes]
-                self._ctl._send_interrupt(running, self._req.id)
-                with contextlib.suppress(TimeoutError):
-                    self._ctl._gather(
-                        self._req, Renderer(running), time.monotonic() + INTERRUPT_GRACE, outcomes
-                    )
-                stopped = ("timeout", running)
-            self._value = self._ctl._results(self._req, outcomes, stopped, timeout)
-        except BaseException as e:
-            self._error = e
-        finally:
-            self._done.set()
-
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return self._done.wait(timeout)
-
-    def result(self, timeout: float | None = None) -> ValueMesh:
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"the cell is still running on {format_ranks(self._req.ranks)}")
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-    def interrupt(self) -> None:
-        self._ctl._send_interrupt(self._req.ranks, self._req.id)
-
-    @property
-    def output(self) -> list[str]:
-        """Every line the cell printed so far, tagged by rank (in a Jupyter kernel)."""
-        return list(getattr(self._sink, "lines_out", []))
-
-    def display_outputs(self) -> None:
-        """Show the rich outputs (figures, HTML) the cell produced, tagged by rank."""
-        for ranks, data, metadata in getattr(self._sink, "rich", []):
-            ConsoleSink().display(ranks, data, metadata)
-
-    def __repr__(self) -> str:
-        state = "done" if self.done() else "running"
-        return f"<CellHandle {self._req.id} on {format_ranks(self._req.ranks)}: {state}>"
-
-
 def _unpack(rank: int, ev: dict[str, Any]) -> Any:
     if "value_error" in ev:
         return UnserializableResult(rank, ev["value_error"])
@@ -776,24 +710,3 @@ def _why(ev: dict[str, Any]) -> str:
         return "cancelled before it started"
     err = ev.get("error") or {}
     return f"{err.get('ename')}: {err.get('evalue')}"
-
-
-def _concat(values: list[Any]) -> Any:
-    if not values:
-        return []
-    first = values[0]
-    if isinstance(first, list | tuple):
-        out = [x for v in values for x in v]
-        return tuple(out) if isinstance(first, tuple) else out
-    if isinstance(first, str):
-        return "".join(values)
-    mod = type(first).__module__.split(".")[0]
-    if mod == "torch":
-        import torch
-
-        return torch.cat(values)
-    if mod == "numpy":
-        import numpy
-
-        return numpy.concatenate(values)
-    return list(values)

@@ -1,4 +1,5 @@
-"""Functions the controller sends to run on a rank's engine, in the rank's own thread."""
+"""Functions the controller sends to run on a rank's engine, in the rank's own thread, and
+how what they bring back is joined."""
 
 from __future__ import annotations
 
@@ -23,3 +24,26 @@ def reset(engine) -> int:
     count = len([k for k in engine.namespace if not k.startswith("_")])
     engine.reset_namespace()
     return count
+
+
+def concat(values: list[Any]) -> Any:
+    """Values pulled from the ranks joined in rank order: lists, tuples, strings, tensors and
+    arrays are concatenated; anything else comes back as a list."""
+    if not values:
+        return []
+    first = values[0]
+    if isinstance(first, list | tuple):
+        out = [x for v in values for x in v]
+        return tuple(out) if isinstance(first, tuple) else out
+    if isinstance(first, str):
+        return "".join(values)
+    mod = type(first).__module__.split(".")[0]
+    if mod == "torch":
+        import torch
+
+        return torch.cat(values)
+    if mod == "numpy":
+        import numpy
+
+        return numpy.concatenate(values)
+    return list(values)

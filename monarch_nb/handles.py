@@ -1,0 +1,69 @@
+"""``CellHandle``: a cell started with ``--noblock`` (``block=False``)."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from .links import Request
+from .output import ConsoleSink, Renderer
+from .results import ValueMesh
+from .targets import format_ranks
+
+if TYPE_CHECKING:
+    from .controller import Controller
+
+
+class CellHandle:
+    """A cell started with ``block=False`` (``--noblock``): output keeps arriving while the
+    notebook stays usable."""
+
+    def __init__(self, ctl: Controller, req: Request, renderer: Renderer, timeout: float | None):
+        self._ctl, self._req = ctl, req
+        self._done = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._sink = renderer.sink
+        self._thread = threading.Thread(
+            target=self._follow, args=(renderer, timeout), daemon=True, name=f"monarch-{req.id}"
+        )
+        self._thread.start()
+
+    def _follow(self, renderer: Renderer, timeout: float | None) -> None:
+        try:
+            outcomes, stopped = self._ctl._collect(self._req, renderer, timeout)
+            self._value = self._ctl._results(self._req, outcomes, stopped, timeout)
+        except BaseException as e:
+            self._error = e
+        finally:
+            self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    def result(self, timeout: float | None = None) -> ValueMesh:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"the cell is still running on {format_ranks(self._req.ranks)}")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def interrupt(self) -> None:
+        self._ctl._send_interrupt(self._req.ranks, self._req.id)
+
+    @property
+    def output(self) -> list[str]:
+        """Every line the cell printed so far, tagged by rank (in a Jupyter kernel)."""
+        return list(getattr(self._sink, "lines_out", []))
+
+    def display_outputs(self) -> None:
+        """Show the rich outputs (figures, HTML) the cell produced, tagged by rank."""
+        for ranks, data, metadata in getattr(self._sink, "rich", []):
+            ConsoleSink().display(ranks, data, metadata)
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "running"
+        return f"<CellHandle {self._req.id} on {format_ranks(self._req.ranks)}: {state}>"
