@@ -135,11 +135,12 @@ def connect(
             security = clusters.client_security(bool(tls), tls_ca_file, tls_cert, tls_key)
         except ValueError as e:
             raise ClusterError(str(e)) from None
+    needs_tls = (
+        "speaks TLS; pass --tls-ca-file, --tls-cert and --tls-key "
+        "(or --tls with the certificates in Dask's distributed.comm.tls config)"
+    )
     if security is None and str(address).startswith("tls://"):
-        raise ClusterError(
-            f"{address} speaks TLS; pass --tls-ca-file, --tls-cert and --tls-key "
-            "(or --tls with the certificates in Dask's distributed.comm.tls config)"
-        )
+        raise ClusterError(f"{address} {needs_tls}")
     if isinstance(cluster, str):
         cluster = clusters.load_factory(cluster)
     try:
@@ -159,6 +160,11 @@ def connect(
         raise ClusterError(f"cannot reach a Dask scheduler at {where}: {e}") from None
     except RuntimeError as e:  # a plain-TCP address while TLS is required, and the like
         raise ClusterError(f"cannot join the scheduler: {e}") from None
+    except TypeError as e:  # a tls:// address (from a scheduler file) without certificates
+        if "ssl_context" not in str(e):
+            raise
+        where = scheduler_file or getattr(cluster, "scheduler_address", cluster)
+        raise ClusterError(f"the scheduler of {where} {needs_tls}") from None
     expected = workers
     if expected is None and cluster is not None and getattr(cluster, "worker_spec", None):
         expected = len(cluster.worker_spec)
@@ -202,6 +208,7 @@ class Controller:
         self._links: dict[int, Link] = {}
         self._cells = itertools.count(1)
         self._notices: list[str] = []
+        self._restarting = False
         self._notices_lock = threading.Lock()
         self._loop = client.loop.asyncio_loop
         self.dist_wanted, self.dist_backend_choice = dist, backend
@@ -308,7 +315,7 @@ class Controller:
     # -- a worker that goes away --------------------------------------------------------------
     def _lost(self, rank: int, why: str) -> None:
         """On the event loop: rank's worker vanished. Wait for the nanny's replacement."""
-        if self.closed:
+        if self.closed or self._restarting:
             return
         info = self.ranks[rank]
         self._notice(f"rank {rank} on {info.host} lost its worker ({why})")
@@ -319,7 +326,7 @@ class Controller:
     def _replace(self, rank: int) -> None:
         old = self.ranks[rank]
         deadline = time.monotonic() + REPLACE_TIMEOUT
-        while time.monotonic() < deadline and not self.closed:
+        while time.monotonic() < deadline and not self.closed and not self._restarting:
             try:
                 workers = self.client.scheduler_info(n_workers=-1)["workers"]
             except Exception:
@@ -342,7 +349,7 @@ class Controller:
                         self._notice(f"the {self.dist_backend} process group was formed again")
                     return
             time.sleep(0.25)
-        if not self.closed:
+        if not self.closed and not self._restarting:
             self._notice(
                 f"rank {rank}: no replacement worker joined within "
                 f"{REPLACE_TIMEOUT:.0f} s; use %monarch restart"
@@ -466,11 +473,12 @@ class Controller:
             elif ev["status"] == "error":
                 errors[rank] = RemoteError(rank, host, **ev["error"])
             else:
+                lost = ev["status"] == "lost"
                 errors[rank] = RemoteError(
                     rank,
                     host,
-                    "WorkerLost" if ev["status"] == "lost" else "Cancelled",
-                    _why(ev),
+                    "WorkerLost" if lost else "Cancelled",
+                    f"on {host}: {_why(ev)}" if lost else _why(ev),
                     [],
                 )
         if not errors:
@@ -651,10 +659,14 @@ class Controller:
     def restart(self) -> None:
         """Fresh worker processes with the same ranks and empty namespaces."""
         self._check_open()
-        self._close_links()
-        self.client.restart(wait_for_workers=True)
-        self._attach(self._wait_for_workers(len(self.ranks), timeout=60))
-        self._form_group()
+        self._restarting = True  # a replacement in progress stands down: restart attaches all
+        try:
+            self._close_links()
+            self.client.restart(wait_for_workers=True)
+            self._attach(self._wait_for_workers(len(self.ranks), timeout=60))
+            self._form_group()
+        finally:
+            self._restarting = False
 
     def _close_links(self) -> None:
         async def close_all():

@@ -63,6 +63,9 @@ def _line_parser() -> MagicArgumentParser:
     p.add_argument("--workers", "-n", type=int, default=None)
     p.add_argument("--cpu", action="store_true", help="CPU workers even where GPUs are visible")
     p.add_argument("--threads", type=int, default=1, help="threads per worker")
+    p.add_argument(
+        "--tls", action="store_true", help="TLS on every Dask comm, with temporary certificates"
+    )
     _dist(p)
     p = sub.add_parser("connect", help="join a scheduler or wrap a distributed cluster object")
     p.add_argument("address", nargs="?")
@@ -70,6 +73,14 @@ def _line_parser() -> MagicArgumentParser:
     p.add_argument("--cluster", metavar="MODULE:FACTORY")
     p.add_argument("--timeout", type=float, default=8)
     p.add_argument("--workers", "-n", type=int, default=None, help="wait for this many workers")
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        help="join a TLS scheduler with the certificates in Dask's distributed.comm.tls config",
+    )
+    p.add_argument("--tls-ca-file", metavar="PEM", help="the CA that signed the cluster's certs")
+    p.add_argument("--tls-cert", metavar="PEM", help="this client's certificate")
+    p.add_argument("--tls-key", metavar="PEM", help="this client's private key")
     _dist(p)
     p = sub.add_parser("run", help="run a torchrun-style script on every rank")
     p.add_argument("script")
@@ -258,6 +269,7 @@ class MonarchMagics(Magics):
                 threads=args.threads,
                 dist=args.dist,
                 backend=args.backend,
+                tls=args.tls,
             )
         )
         self._print_ranks(ctl, "started")
@@ -272,6 +284,10 @@ class MonarchMagics(Magics):
                 dist=args.dist,
                 backend=args.backend,
                 workers=args.workers,
+                tls=args.tls,
+                tls_ca_file=args.tls_ca_file,
+                tls_cert=args.tls_cert,
+                tls_key=args.tls_key,
             )
         )
         self._print_ranks(ctl, "connected to")
