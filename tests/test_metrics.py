@@ -148,7 +148,7 @@ def test_scheduler_snapshot_is_json(ctl, hub):
 
 
 def test_store_stays_bounded_under_a_flood(ctl, hub):
-    """10,000 log() calls a second on each rank (3 s here): few messages, bounded stores, and
+    """10,000 log() calls a second on each rank for 10 s: few messages, bounded stores, and
     every call accounted for as a row or as thinned out."""
     keep = 500
     hub.set_limits(scalar_rows=keep)
@@ -161,7 +161,7 @@ def test_store_stays_bounded_under_a_flood(ctl, hub):
         mesh = ctl.run(
             "import time\nfrom monarch_nb import metrics\n"
             "t0, n = time.monotonic(), 0\n"
-            "while time.monotonic() - t0 < 3.0:\n"
+            "while time.monotonic() - t0 < 10.0:\n"
             "    while n < (time.monotonic() - t0) * 10_000:\n"
             f"        metrics.log({name}=n * 0.5)\n"
             "        n += 1\n"
