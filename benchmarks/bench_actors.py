@@ -19,13 +19,13 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
 import sys
 import time
-from importlib import metadata
+
+import machine
 
 SYSTEMS = {"monarch": "monarch-nb", "torchmonarch": "torchmonarch"}
 MARK = "BENCH_RESULT "
@@ -128,26 +128,6 @@ def _kill_session(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-def _versions() -> str:
-    parts = [f"Python {platform.python_version()}"]
-    for pkg in ("torch", "monarch-nb", "distributed", "torchmonarch"):
-        try:
-            parts.append(f"{pkg} {metadata.version(pkg)}")
-        except metadata.PackageNotFoundError:
-            parts.append(f"{pkg} (not installed)")
-    return ", ".join(parts)
-
-
-def _machine() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
-    except (OSError, StopIteration):
-        model = platform.processor() or "unknown CPU"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{model}, {cores} usable cores, {platform.system()} {platform.release()}"
-
-
 def _table(rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[i]) for r in rows if len(r) > i) for i in range(len(rows[0]))]
     out = []
@@ -223,8 +203,8 @@ def main(args) -> None:
             verdicts.append((n, None))
     lines = [
         "monarch-nb actor messaging benchmark",
-        f"machine: {_machine()}",
-        f"software: {_versions()}",
+        f"machine: {machine.cpu()}",
+        f"software: {machine.versions(('torch', 'monarch-nb', 'distributed', 'torchmonarch'))}",
         f"call: {args.calls} timed round trips after {args.warmup} warm-up to every actor of the "
         f"mesh, in each of {args.rounds} rounds (fresh clusters, the systems alternating), pooled",
         f"broadcast: {BROADCASTS} broadcasts then one call, until that call returns and the "

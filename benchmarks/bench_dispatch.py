@@ -24,13 +24,13 @@ import contextlib
 import ctypes
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
 import sys
 import time
-from importlib import metadata
+
+import machine
 
 SYSTEMS = {"monarch": "monarch-nb", "ipyparallel": "ipyparallel", "torchmonarch": "torchmonarch"}
 PACKAGES = ("torch", "monarch-nb", "dask", "distributed", "ipyparallel", "torchmonarch")
@@ -226,28 +226,6 @@ def run_one(system: str, n: int, task: str, args) -> dict:
     return result
 
 
-def _versions() -> str:
-    parts = [f"Python {platform.python_version()}"]
-    for pkg in PACKAGES:
-        try:
-            parts.append(f"{pkg} {metadata.version(pkg)}")
-        except metadata.PackageNotFoundError:
-            parts.append(f"{pkg} (not installed)")
-    return ", ".join(parts)
-
-
-def _cpu() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(
-                line.split(":", 1)[1].strip() for line in f if line.startswith("model name")
-            )
-    except (OSError, StopIteration):
-        model = platform.processor() or "unknown CPU"
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{model}, {usable} usable cores ({os.cpu_count()} online), {platform.system()} {platform.release()}"
-
-
 def _table(rows: list[list[str]], right: set[int]) -> list[str]:
     # a short row's last cell (a "not available" message) runs on and sets no width
     widths = [
@@ -299,8 +277,8 @@ def main(args) -> None:
 
     lines = [
         "monarch-nb dispatch and start-up benchmark",
-        f"machine: {_cpu()}",
-        f"software: {_versions()}",
+        f"machine: {machine.cpu()}",
+        f"software: {machine.versions(PACKAGES)}",
         f"load average (1 min) before: {load_before:.2f}, after: {os.getloadavg()[0]:.2f}"
         " (other work on the machine shows here and skews everything below)",
         f"dispatch: `x = 1` on every worker, {args.cells} timed cells after {args.warmup} warm-up,"

@@ -16,11 +16,12 @@ import argparse
 import contextlib
 import io
 import json
-import platform
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+import machine
 
 SCRIPT = Path(__file__).with_name("train_digits.py")
 
@@ -69,14 +70,6 @@ def monarch_cell(ctl, args: list[str]) -> float:
         return ctl.run(code).item(0)
 
 
-def cpu_name() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=300)
@@ -97,12 +90,7 @@ def main() -> None:
     finally:
         ctl.down()
 
-    import torch
-
-    print(
-        f"# {cpu_name()}, {len(__import__('os').sched_getaffinity(0))} cores, "
-        f"Python {platform.python_version()}, torch {torch.__version__}, gloo, 2 ranks"
-    )
+    print(f"# {machine.cpu()}; {machine.versions(('torch', 'monarch-nb'))}; gloo, 2 ranks")
     print(f"# model={opts.model}, {opts.steps} timed steps, median of {opts.repeats}")
     base = statistics.median(results["torchrun"])
     print(f"{'launcher':<16} {'steps/s':>9} {'vs torchrun':>12} {'overhead':>9}")
