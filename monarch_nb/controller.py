@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import itertools
 import queue
+import signal
 import sys
 import threading
 import time
@@ -208,6 +209,7 @@ class Controller:
         self._links: dict[int, Link] = {}
         self._cells = itertools.count(1)
         self._notices: list[str] = []
+        self._said: set[str] = set()  # notices given once per controller
         self._restarting = False
         self._notices_lock = threading.Lock()
         self._loop = client.loop.asyncio_loop
@@ -317,6 +319,9 @@ class Controller:
         """On the event loop: rank's worker vanished. Wait for the nanny's replacement."""
         if self.closed or self._restarting:
             return
+        if self.client.status != "running":
+            self._notice_once(self._scheduler_gone())
+            return
         info = self.ranks[rank]
         self._notice(f"rank {rank} on {info.host} lost its worker ({why})")
         threading.Thread(
@@ -330,6 +335,7 @@ class Controller:
             try:
                 workers = self.client.scheduler_info(n_workers=-1)["workers"]
             except Exception:
+                self._notice_once(self._scheduler_gone())
                 return
             for addr, w in workers.items():
                 if w.get("name", addr) == old.name and addr != old.address:
@@ -359,6 +365,12 @@ class Controller:
         with self._notices_lock:
             self._notices.append(text)
 
+    def _notice_once(self, text: str) -> None:
+        with self._notices_lock:
+            if text not in self._said:
+                self._said.add(text)
+                self._notices.append(text)
+
     def announce(self) -> None:
         """Print the notices to stderr (the magics and run() do this before they start)."""
         for text in self.notices():
@@ -384,6 +396,14 @@ class Controller:
     def _check_open(self) -> None:
         if self.closed:
             raise ClusterError("this cluster is down; start one with %monarch up")
+        if self.client.status in ("connecting", "closing", "closed"):
+            raise ClusterError(self._scheduler_gone())
+
+    def _scheduler_gone(self) -> str:
+        return (
+            f"the scheduler at {self.scheduler_address} is gone and its workers with it; "
+            "use %monarch down, then %monarch up or %monarch connect"
+        )
 
     # -- dispatch and gathering ---------------------------------------------------------------
     def _submit(
@@ -409,18 +429,22 @@ class Controller:
         renderer: Renderer,
         deadline: float | None = None,
         outcomes: dict[int, dict] | None = None,
+        stop: threading.Event | None = None,
     ) -> dict[int, dict]:
-        """Events of ``req`` until every rank is done; raises TimeoutError at ``deadline``."""
+        """Events of ``req`` until every rank is done; raises TimeoutError at ``deadline`` and
+        KeyboardInterrupt once ``stop`` is set, always between two events, so none is lost."""
         outcomes = {} if outcomes is None else outcomes
         try:
             while len(outcomes) < len(req.ranks):
+                if stop is not None and stop.is_set():
+                    raise KeyboardInterrupt
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError
                 wait = 0.1 if deadline is None else min(0.1, max(0.0, deadline - time.monotonic()))
                 try:
                     rank, ev = req.events.get(timeout=wait)
                 except queue.Empty:
                     renderer.tick()
-                    if deadline is not None and time.monotonic() >= deadline:
-                        raise TimeoutError from None
                     continue
                 if ev["ev"] == "done":
                     outcomes[rank] = ev
@@ -434,17 +458,19 @@ class Controller:
         """Gather a request; on Ctrl-C or timeout interrupt the ranks still running."""
         outcomes: dict[int, dict] = {}
         deadline = None if timeout is None else time.monotonic() + timeout
-        try:
-            self._gather(req, renderer, deadline, outcomes)
-            return outcomes, None
-        except KeyboardInterrupt:
-            reason = "interrupted"
-        except TimeoutError:
-            reason = "timeout"
-        running = [r for r in req.ranks if r not in outcomes]
-        self._send_interrupt(running, req.id)
-        with contextlib.suppress(KeyboardInterrupt, TimeoutError):
-            self._gather(req, renderer, time.monotonic() + INTERRUPT_GRACE, outcomes)
+        with _sigint_sets() as stop:
+            try:
+                self._gather(req, renderer, deadline, outcomes, stop)
+                return outcomes, None
+            except KeyboardInterrupt:
+                reason = "interrupted"
+            except TimeoutError:
+                reason = "timeout"
+            running = [r for r in req.ranks if r not in outcomes]
+            self._send_interrupt(running, req.id)
+            stop.clear()  # a second Ctrl-C stops waiting for them
+            with contextlib.suppress(KeyboardInterrupt, TimeoutError):
+                self._gather(req, renderer, time.monotonic() + INTERRUPT_GRACE, outcomes, stop)
         return outcomes, (reason, running)
 
     def _send_interrupt(self, ranks: Iterable[int], target: str | None = None) -> None:
@@ -700,6 +726,23 @@ class Controller:
     def __repr__(self) -> str:
         state = "down" if self.closed else f"{self.world_size} ranks"
         return f"<monarch_nb.Controller {state}>"
+
+
+@contextlib.contextmanager
+def _sigint_sets():
+    """While gathering on the main thread, Ctrl-C (the kernel's interrupt, SIGINT) sets an
+    Event instead of raising wherever the main thread happens to be: a KeyboardInterrupt inside
+    a library callback is swallowed, and one between taking an event and showing it loses it."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _unpack(rank: int, ev: dict[str, Any]) -> Any:

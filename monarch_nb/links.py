@@ -239,6 +239,8 @@ class Reader:
             if key.fileobj is not self._wake_r:
                 key.data.conn.close()
         self._sel.close()
+        self._wake_r.close()
+        self._wake_w.close()
 
     def _deliver(self, link: Link, batch: list[dict[str, Any]]) -> None:
         for ev in batch:

@@ -52,8 +52,19 @@ def _device(d: dict[str, Any]) -> str:
     return f"{d.get('kind', '?')}: {d.get('name', '?')} ({_gib(d.get('memory'))})"
 
 
+class _Parser(MagicArgumentParser):
+    """IPython's parser, with an unbalanced quote reported as a UsageError (shlex raises
+    ValueError) like every other mistake in the arguments."""
+
+    def parse_argstring(self, argstring):
+        try:
+            return super().parse_argstring(argstring)
+        except ValueError as e:
+            raise UsageError(f"cannot read the arguments {argstring.strip()!r}: {e}") from None
+
+
 def _line_parser() -> MagicArgumentParser:
-    parser = MagicArgumentParser(
+    parser = _Parser(
         prog="%monarch",
         add_help=True,
         description="Control the cluster (see %monarch? for examples).",
@@ -419,12 +430,19 @@ class MonarchMagics(Magics):
         self._guard(lambda: ctl.push(values, targets))
 
     def _cell(self, line: str, cell: str):
-        args = parse_argstring(self._cell_args, line)
+        try:
+            args = parse_argstring(self._cell_args, line)
+        except ValueError as e:  # an unbalanced quote
+            raise UsageError(f"cannot read the arguments {line.strip()!r}: {e}") from None
         ctl = self._ctl()
         try:
             tree = ast.parse(cell, "<cell>")
         except SyntaxError as e:
             raise CellSyntaxError(e) from None
+        except ValueError as e:  # null bytes: Python 3.11 raises ValueError, 3.12 SyntaxError
+            where = cell[: cell.find("\0")].count("\n") + 1
+            error = SyntaxError(str(e), ("<cell>", where, 1, cell.splitlines()[where - 1]))
+            raise CellSyntaxError(error) from None
         has_value = (
             bool(tree.body)
             and isinstance(tree.body[-1], ast.Expr)

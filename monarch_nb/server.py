@@ -90,6 +90,16 @@ async def fetch_dashboard(entry: dict[str, Any], path: str, query: str = "", **k
         raise Gone(f"the scheduler's dashboard at {base} does not answer: {e}") from None
 
 
+class NoBody:
+    """Every route here takes no request body; one is refused (413) before anything happens,
+    so an oversized or stray body never reaches a handler (a DELETE with a body included)."""
+
+    async def prepare(self):
+        await super().prepare()
+        if self.request.body:
+            raise tornado.web.HTTPError(413, "the monarch API takes no request body")
+
+
 def _cluster_row(entry: dict[str, Any], notebooks: dict[str, str]) -> dict[str, Any]:
     row = dict(entry)
     row.pop("pid_started", None)
@@ -97,7 +107,7 @@ def _cluster_row(entry: dict[str, Any], notebooks: dict[str, str]) -> dict[str, 
     return row
 
 
-class ClustersHandler(APIHandler):
+class ClustersHandler(NoBody, APIHandler):
     @tornado.web.authenticated
     async def get(self):
         notebooks: dict[str, str] = {}
@@ -109,7 +119,7 @@ class ClustersHandler(APIHandler):
         self.finish(json.dumps({"clusters": rows}))
 
 
-class MetricsHandler(APIHandler):
+class MetricsHandler(NoBody, APIHandler):
     @tornado.web.authenticated
     async def get(self, cluster_id: str):
         from .figures import rank_view
@@ -140,7 +150,7 @@ class MetricsHandler(APIHandler):
         self.finish(json.dumps({"id": cluster_id, "state": "up", **rank_view(data)}))
 
 
-class ClusterHandler(APIHandler):
+class ClusterHandler(NoBody, APIHandler):
     @tornado.web.authenticated
     async def get(self, cluster_id: str):
         entry = live_entry(cluster_id)
@@ -172,7 +182,7 @@ async def close_scheduler(address: str) -> tuple[bool, str]:
     return True, f"closed the scheduler at {address}"
 
 
-class ProxyHandler(JupyterHandler):
+class ProxyHandler(NoBody, JupyterHandler):
     """A dashboard page of a registered cluster. An HTML page (not an APIHandler) so that its
     scripts may run inside JupyterLab's frame; a request without credentials still gets 403."""
 

@@ -1,15 +1,28 @@
-"""Worker processes that die: the cell says so, the replacement takes the rank, nothing hangs."""
+"""Real processes that fail: a worker killed mid-cell, the scheduler killed, the controlling
+kernel killed or restarted, and interrupts of a collective, an output flood and a background
+cell. Nothing may hang, and the cluster must be usable (or cleanly gone) afterwards."""
 
 from __future__ import annotations
 
+import _thread
+import json
 import os
 import signal
+import subprocess
+import sys
+import threading
 import time
 
+import psutil
 import pytest
 
 import monarch_nb
-from monarch_nb import CellError
+from monarch_nb import CellError, ClusterError, registry
+from monarch_nb import controller as module
+
+ALL_REDUCE = (
+    "import torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()"
+)
 
 
 @pytest.fixture
@@ -17,6 +30,17 @@ def own():
     ctl = monarch_nb.up(workers=2, cpu=True, current=False)
     yield ctl
     ctl.down()
+
+
+@pytest.fixture
+def no_current():
+    saved = module.current()
+    module._set_current(None)
+    yield
+    ctl = module.current()
+    if ctl is not None and ctl is not saved:
+        ctl.down()
+    module._set_current(saved)
 
 
 def wait_for(predicate, timeout=60):
@@ -28,20 +52,36 @@ def wait_for(predicate, timeout=60):
     return False
 
 
+def running(pids) -> list[int]:
+    """The pids that are still processes (a zombie has exited: it only waits to be reaped)."""
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+# -- a worker killed in the middle of a cell ----------------------------------------------------
 def test_sigkill_mid_cell_names_the_rank_and_the_replacement_takes_it(own):
     pid = own.run("import os\nos.getpid()", targets=1).item()
     own.run("kept = 'rank 0 value'")
     handle = own.run(
-        "import time\nstart = time.time()\nwhile time.time() - start < 30: pass\nrank",
+        "import time\nstart = time.time()\n"
+        "while rank == 1 and time.time() - start < 30: pass\nrank * 10",
         block=False,
-        targets=1,
     )
     time.sleep(0.5)
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(CellError) as info:
         handle.result(timeout=10)
+    assert info.value.results.to_dict() == {0: 0}  # the other rank's result is kept
+    assert set(info.value.errors) == {1}
     err = info.value.errors[1]
     assert err.ename == "WorkerLost" and "connection closed" in err.evalue
+    assert "[rank 1 on " in err._render_traceback_()[0]
     notices: list[str] = []
     assert wait_for(
         lambda: (
@@ -50,10 +90,240 @@ def test_sigkill_mid_cell_names_the_rank_and_the_replacement_takes_it(own):
         )
     )
     assert any("rank 1 on" in n and "lost its worker" in n for n in notices)
-    assert any("replacement worker took its place" in n for n in notices)
+    assert any("what the old one held is lost" in n for n in notices)
     mesh = own.run(
         "import torch, torch.distributed as dist\nt = torch.ones(1)\n"
         "dist.all_reduce(t)\n(t.item(), 'kept' in globals())"
     )
     assert mesh.values() == [(2.0, True), (2.0, False)]
     assert own.run("import os\nos.getpid()", targets=1).item() != pid
+
+
+# -- the scheduler killed -----------------------------------------------------------------------
+@pytest.fixture
+def outside_cluster(tmp_path):
+    """A scheduler and two workers in processes of their own, as on a real allocation."""
+    path = tmp_path / "scheduler.json"
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    scheduler = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1"),
+            *("--port", "0", "--no-dashboard", "--scheduler-file", str(path)),
+        ],
+        **quiet,
+    )
+    procs = [scheduler]
+    try:
+        assert wait_for(path.exists, timeout=30), "the scheduler did not start"
+        for name in ("0", "1"):
+            procs.append(
+                subprocess.Popen(
+                    [
+                        *(sys.executable, "-m", "distributed.cli.dask_worker"),
+                        *("--scheduler-file", str(path), "--name", name, "--nthreads", "1"),
+                        *("--no-dashboard", "--host", "127.0.0.1"),
+                    ],
+                    **quiet,
+                )
+            )
+        yield path, scheduler
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def kill_scheduler(cell, outside_cluster):
+    path, scheduler = outside_cluster
+    cell(f"%monarch connect --scheduler-file {path} --workers 2 --no-dist")
+    ctl = module.current()
+    assert ctl.run("rank").values() == [0, 1]
+    scheduler.send_signal(signal.SIGKILL)
+    scheduler.wait()
+    return ctl, time.monotonic()
+
+
+def test_scheduler_killed_is_noticed_and_down_and_up_work_afterwards(
+    cell, no_current, outside_cluster
+):
+    ctl, _ = kill_scheduler(cell, outside_cluster)
+    assert wait_for(lambda: ctl.client.status != "running", timeout=30)
+    cell("%%monarch\nrank", expect_error=True)
+    assert "is gone" in str(cell.error) and "%monarch down" in str(cell.error)
+    cell("%monarch down")
+    assert module.current() is None
+    cell("%monarch up --workers 1 --cpu --no-dist")
+    assert cell("%%monarch\nrank").values() == [0]
+    cell("%monarch down")
+    assert "cluster shut down" in cell.out
+
+
+def test_scheduler_killed_is_named_as_the_cause(cell, no_current, outside_cluster):
+    ctl, killed = kill_scheduler(cell, outside_cluster)
+    address = ctl.scheduler_address
+    notices: list[str] = []
+    assert wait_for(
+        lambda: notices.extend(ctl.notices()) or any("scheduler" in n for n in notices),
+        timeout=10,
+    ), notices
+    assert any(address in n for n in notices if "scheduler" in n)
+    assert time.monotonic() - killed < 10
+    with pytest.raises(ClusterError, match=r"scheduler .* is gone"):
+        ctl.run("rank")
+
+
+# -- the controlling kernel killed or restarted -------------------------------------------------
+class Kernel:
+    """A real ipykernel process driven through jupyter_client, as JupyterLab drives one."""
+
+    def __init__(self, runtime):
+        from jupyter_client import KernelManager
+
+        env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime)}
+        self.km = KernelManager(kernel_name="python3")
+        self.log = open(runtime / "kernel.log", "w")  # noqa: SIM115
+        self.km.start_kernel(cwd=os.getcwd(), env=env, stdout=self.log, stderr=self.log)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+
+    def restart(self):
+        """What the restart button does: a graceful shutdown, then a fresh kernel process on
+        the same connection file (so the same client keeps working)."""
+        self.km.restart_kernel(now=False)
+        self.kc.wait_for_ready(timeout=60)
+
+    def run(self, code: str) -> str:
+        texts: list[str] = []
+
+        def keep(msg):
+            content = msg["content"]
+            if msg["msg_type"] == "stream":
+                texts.append(content["text"])
+            elif msg["msg_type"] == "error":
+                texts.append("\n".join(content["traceback"]))
+
+        reply = self.kc.execute_interactive(code, timeout=120, output_hook=keep)
+        out = "".join(texts)
+        assert reply["content"]["status"] == "ok", out
+        return out
+
+    def up(self) -> tuple[int, list[int], str]:
+        """Start a cluster in the kernel: (kernel pid, its cluster's process pids, cluster id)."""
+        self.run("%load_ext monarch_nb\n%monarch up --workers 2 --cpu --no-dist")
+        out = self.run(
+            "import json, os, psutil, monarch_nb\n"
+            "print(json.dumps([os.getpid(), monarch_nb.current().id,"
+            " [p.pid for p in psutil.Process().children(recursive=True)]]))"
+        )
+        pid, cluster_id, children = json.loads(out.strip().splitlines()[-1])
+        return pid, children, cluster_id
+
+    def close(self):
+        self.kc.stop_channels()
+        if self.km.has_kernel:
+            self.km.shutdown_kernel(now=True)
+        self.log.close()
+
+
+def test_killed_or_restarted_kernel_takes_its_cluster_and_registry_entry_with_it(
+    tmp_path, monkeypatch
+):
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
+    kernel = Kernel(runtime)
+    try:
+        for how in ("restart", "kill"):
+            pid, children, cluster_id = kernel.up()
+            assert len(children) >= 2  # the two worker processes (and multiprocessing's helper)
+            assert cluster_id in {e["id"] for e in registry.list_entries()}
+            if how == "restart":
+                kernel.restart()
+            else:
+                os.kill(pid, signal.SIGKILL)  # left a zombie: nothing here reaps it
+            cluster = [pid, *children]
+            assert wait_for(lambda c=cluster: not running(c), timeout=30), (how, running(cluster))
+            assert cluster_id not in {e["id"] for e in registry.list_entries(prune=True)}, how
+            assert not (runtime / registry.DIRNAME / f"{cluster_id}.json").exists()
+    finally:
+        kernel.close()
+
+
+# -- interrupts ---------------------------------------------------------------------------------
+def interrupt_after(seconds: float) -> None:
+    threading.Timer(seconds, _thread.interrupt_main).start()
+
+
+def test_interrupt_during_a_collective_then_restart_recovers(cell, clean):
+    interrupt_after(1.0)
+    start = time.monotonic()
+    cell(
+        "%%monarch\nimport torch, torch.distributed as dist\nt = torch.ones(1)\n"
+        "if rank == 0:\n    dist.all_reduce(t)  # rank 1 never joins\nrank",
+        expect_error=True,
+    )
+    assert time.monotonic() - start < 6  # control comes back: 1 s + the interrupt's grace
+    err = cell.error
+    assert isinstance(err, CellError) and err.headline == "interrupted rank 0"
+    assert err.errors[0].ename == "StillRunning"  # blocked in gloo's C code
+    assert "%monarch restart" in err.errors[0].evalue
+    assert err.results.to_dict() == {1: 1}
+    cell("%monarch restart")
+    assert "restarted ranks 0-1" in cell.out
+    assert cell(f"%%monarch\n{ALL_REDUCE}").values() == [2.0, 2.0]
+
+
+# The flood ends by itself after 6 s, so a lost interrupt shows as a failure, not a hang.
+FLOOD = (
+    "%%monarch --no-collapse\nimport time\ni, end = 0, time.time() + 6\n"
+    "while time.time() < end:\n    i += 1\n    print('flood', rank, i)"
+)
+
+
+def press_stop(times: int = 4, every: float = 1.0) -> list[threading.Timer]:
+    """Ctrl-C after 1 s, and again each second (as a user would) until ``times`` presses."""
+    timers = [threading.Timer(k * every, _thread.interrupt_main) for k in range(1, times + 1)]
+    for timer in timers:
+        timer.start()
+    return timers
+
+
+def flood_numbers(out: str, rank: int) -> list[int]:
+    prefix = f"[rank {rank}] flood {rank} "
+    return [int(ln[len(prefix) :]) for ln in out.splitlines() if ln.startswith(prefix)]
+
+
+def test_interrupt_during_an_output_flood_loses_nothing(cell, clean):
+    timers = press_stop()
+    start = time.monotonic()
+    try:
+        cell(FLOOD, expect_error=True)
+    finally:
+        for timer in timers:
+            timer.cancel()
+    assert time.monotonic() - start < 6  # control came back before the flood's own end
+    assert cell.error.headline == "interrupted ranks 0-1", cell.error
+    assert {e.ename for e in cell.error.errors.values()} == {"KeyboardInterrupt"}
+    for rank in (0, 1):
+        numbers = flood_numbers(cell.out, rank)
+        assert numbers == list(range(1, len(numbers) + 1))  # in order, none missing
+    start = time.monotonic()
+    assert cell("%%monarch\nrank").values() == [0, 1]
+    assert time.monotonic() - start < 5
+    assert all(n > 0 for n in cell("%%monarch\ni").values())
+
+
+def test_interrupt_of_a_noblock_cell(cell, clean):
+    for how in ("handle", "magic"):
+        handle = cell("%%monarch --noblock\nwhile True: pass")
+        time.sleep(0.5)
+        assert not handle.done()
+        if how == "handle":
+            handle.interrupt()
+        else:
+            cell("%monarch interrupt")
+        with pytest.raises(CellError, match="KeyboardInterrupt") as info:
+            handle.result(timeout=5)
+        assert set(info.value.errors) == {0, 1}
+        assert cell("%%monarch\nrank").values() == [0, 1]
