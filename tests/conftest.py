@@ -30,6 +30,21 @@ def clean(ctl):
     module._set_current(ctl)
 
 
+@pytest.fixture
+def no_current():
+    """No current cluster for the test (the shared one is put back after); a cluster the test
+    left current is shut down."""
+    from monarch_nb import controller as module
+
+    saved = module.current()
+    module._set_current(None)
+    yield
+    ctl = module.current()
+    if ctl is not None and ctl is not saved:
+        ctl.down()
+    module._set_current(saved)
+
+
 @pytest.fixture(scope="session")
 def shell():
     from IPython.core.interactiveshell import InteractiveShell

@@ -11,17 +11,6 @@ import monarch_nb
 from monarch_nb import controller as module
 
 
-@pytest.fixture
-def no_current():
-    saved = module.current()
-    module._set_current(None)
-    yield
-    ctl = module.current()
-    if ctl is not None:
-        ctl.down()
-    module._set_current(saved)
-
-
 @pytest.fixture(scope="module")
 def local_cluster():
     with LocalCluster(

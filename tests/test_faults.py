@@ -32,17 +32,6 @@ def own():
     ctl.down()
 
 
-@pytest.fixture
-def no_current():
-    saved = module.current()
-    module._set_current(None)
-    yield
-    ctl = module.current()
-    if ctl is not None and ctl is not saved:
-        ctl.down()
-    module._set_current(saved)
-
-
 def wait_for(predicate, timeout=60):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -290,12 +279,19 @@ def press_stop(times: int = 4, every: float = 1.0) -> list[threading.Timer]:
 
 
 def flood_numbers(out: str, rank: int) -> list[int]:
-    prefix = f"[rank {rank}] flood {rank} "
-    return [int(ln[len(prefix) :]) for ln in out.splitlines() if ln.startswith(prefix)]
+    """The numbers a rank printed, in order; its last line may be cut where the interrupt hit
+    print() between its pieces (that partial line is shown as printed, and skipped here)."""
+    prefix = f"[rank {rank}] flood {rank}"
+    rests = [ln[len(prefix) :].strip() for ln in out.splitlines() if ln.startswith(prefix)]
+    if rests and not rests[-1].isdigit():
+        rests.pop()
+    return [int(r) for r in rests]
 
 
 def test_interrupt_during_an_output_flood_loses_nothing(cell, clean):
-    timers = press_stop()
+    # One press: a second one during the grace period would (by design) stop waiting for the
+    # ranks to flush their backlog, and what they print after that is not shown.
+    timers = press_stop(times=1)
     start = time.monotonic()
     try:
         cell(FLOOD, expect_error=True)

@@ -5,22 +5,8 @@ from __future__ import annotations
 import _thread
 import threading
 
-import pytest
-
 import monarch_nb
-from monarch_nb import controller as module
 from monarch_nb.magic import split_items
-
-
-@pytest.fixture
-def no_current():
-    saved = module.current()
-    module._set_current(None)
-    yield
-    ctl = module.current()
-    if ctl is not None and ctl is not saved:
-        ctl.down()
-    module._set_current(saved)
 
 
 def test_everything_before_up_says_to_start_a_cluster(cell, no_current):

@@ -17,20 +17,8 @@ import pytest
 from distributed import Client, Security
 
 import monarch_nb
-from monarch_nb import controller as module
 
 ROOT = Path(__file__).parent.parent
-
-
-@pytest.fixture
-def no_current():
-    saved = module.current()
-    module._set_current(None)
-    yield
-    ctl = module.current()
-    if ctl is not None:
-        ctl.down()
-    module._set_current(saved)
 
 
 def _listening(pid: int) -> set[tuple[str, int]]:
