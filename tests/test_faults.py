@@ -15,6 +15,7 @@ import time
 
 import psutil
 import pytest
+from _wait import wait_for
 
 import monarch_nb
 from monarch_nb import CellError, ClusterError, registry
@@ -30,15 +31,6 @@ def own():
     ctl = monarch_nb.up(workers=2, cpu=True, current=False)
     yield ctl
     ctl.down()
-
-
-def wait_for(predicate, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def running(pids) -> list[int]:

@@ -10,6 +10,7 @@ import threading
 
 import psutil
 import pytest
+from _wait import wait_for
 
 import monarch_nb
 
@@ -98,19 +99,8 @@ def test_1000_cells_leave_memory_threads_fds_and_metrics_bounded(four, capsys):
         history = four.metrics.history()
         return len(history) == RANKS and all(h[-1].step == 99 + CELLS for h in history.values())
 
-    assert _wait(settled), "the last logged step did not reach the controller"
+    assert wait_for(settled), "the last logged step did not reach the controller"
     assert all(len(rows) == 200 for rows in four.metrics.history().values())
     snapshot = four.metrics.scheduler_snapshot()
     assert len(snapshot["ranks"]) == RANKS
     assert all(len(r["scalars"]) <= 200 for r in snapshot["ranks"])
-
-
-def _wait(predicate, timeout: float = 10) -> bool:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return False
