@@ -62,7 +62,6 @@ class Engine:
         self._current: str | None = None
         self._started_at: float | None = None
         self._in_user = False
-        self._interrupted = False
         self._cancelled: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._aloop: asyncio.AbstractEventLoop | None = None
         install_routers()
@@ -102,7 +101,6 @@ class Engine:
                     self._cancelled.popitem(last=False)
                 return
             if self._in_user and self._thread.ident is not None:
-                self._interrupted = True
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
                     ctypes.c_ulong(self._thread.ident), ctypes.py_object(KeyboardInterrupt)
                 )
@@ -157,7 +155,7 @@ class Engine:
 
     def _enter_user(self) -> None:
         with self._lock:
-            self._in_user, self._interrupted = True, False
+            self._in_user = True
 
     def _leave_user(self) -> None:
         while True:
