@@ -56,6 +56,7 @@ def _close(name: str, got, want, context: str) -> None:
 def check(config_set: str, direction: str) -> int:
     """Every config of ``config_set`` on every shape and path; returns the number of checks."""
     import torch
+    from monarch_kernels import triton_launch
     from monarch_kernels.ops import _torch_backward
     from monarch_kernels.reference import monarch_reference
     from monarch_kernels.triton_launch import monarch_backward, monarch_forward
@@ -66,10 +67,13 @@ def check(config_set: str, direction: str) -> int:
         want = monarch_reference(x, w1, w2)
         dy = torch.randn(want.shape, generator=torch.Generator().manual_seed(100 + i))
         grads = _torch_backward(dy, x, w1, w2)
-        kinds = ("fused", "stage") if direction == "forward" else ("fused", "stage", "wgrad")
+        kinds = ("fused", "stage", "group")
+        kinds += ("wgrad",) if direction == "backward" else ()
         for kind in kinds:
             for cfg in _configs(config_set, kind):
                 path = "fused" if kind == "fused" else "two_kernel"
+                # narrow blocks take the grouped kernel; a bound of 0 forces the 2-d one
+                triton_launch.GROUP_MAX_RED = 0 if kind == "stage" else 128
                 ctx = f"{config_set} {direction} {kind} {cfg} shape {shape}"
                 if direction == "forward":
                     got = monarch_forward(x, w1, w2, path=path, configs={kind: cfg}, num_programs=2)

@@ -86,6 +86,7 @@ def test_every_config_compiles_for_its_gpus(config_set):
     """Ahead-of-time compilation to cubin / hsaco, no GPU needed: every config of the set, in
     bfloat16 (and the first in float16 and float32), within the chip's shared memory."""
     from monarch_kernels.triton_kernels import (
+        _block_group_kernel,
         _block_matmul_kernel,
         _block_wgrad_kernel,
         _monarch_fused_kernel,
@@ -93,6 +94,7 @@ def test_every_config_compiles_for_its_gpus(config_set):
 
     kernels = {
         "stage": _block_matmul_kernel,
+        "group": _block_group_kernel,
         "fused": _monarch_fused_kernel,
         "wgrad": _block_wgrad_kernel,
     }
@@ -109,10 +111,10 @@ def test_every_config_compiles_for_its_gpus(config_set):
                 for opt in ("waves_per_eu", "matrix_instr_nonkdim"):
                     if opt in constexprs:
                         options[opt] = constexprs.pop(opt)
-                fulls = (False, True) if kind == "fused" else (None,)
-                for full in fulls:
-                    if full is not None:
-                        constexprs["FULL_SCRATCH"] = full
+                flag = {"fused": "FULL_SCRATCH", "group": "STATIONARY"}.get(kind)
+                for value in (False, True) if flag else (None,):
+                    if flag:
+                        constexprs[flag] = value
                     binary = _compile(kernel, constexprs, options, (backend, arch, warp), dtype)
                     assert ("cubin" if backend == "cuda" else "hsaco") in binary.asm
                     assert binary.metadata.shared <= smem_limit, (kind, cfg, binary.metadata.shared)
@@ -123,7 +125,7 @@ def test_every_config_compiles_for_its_gpus(config_set):
 def test_config_sets_are_distinct_and_fit_their_chip():
     from monarch_kernels.configs import _SMEM_BYTES, _cuda_configs, _fits, _hip_configs
 
-    for kind in ("stage", "fused", "wgrad"):
+    for kind in ("stage", "group", "fused", "wgrad"):
         cuda, mi300, mi355 = (
             _cuda_configs(kind),
             _hip_configs(kind, "gfx942"),

@@ -3,7 +3,10 @@
 Three kernel kinds share the meta-parameters ``BLOCK_M`` (batch rows), ``BLOCK_O`` (output
 features of a block) and ``BLOCK_C`` (the reduction):
 
-* ``"stage"`` — one block-diagonal stage (``_block_matmul_kernel``);
+* ``"stage"`` — one block-diagonal stage, one block per program (``_block_matmul_kernel``),
+  for wide blocks;
+* ``"group"`` — one stage, ``BLOCK_J`` blocks per program (``_block_group_kernel``), for narrow
+  blocks: ``BLOCK_J`` is the run of consecutive output elements the permuted side writes;
 * ``"fused"`` — both stages in one pass (``_monarch_fused_kernel``). Its per-program scratch
   is ``BLOCK_M x k*q`` and must stay in L2, so its ``BLOCK_M`` stays small;
 * ``"wgrad"`` — weight gradients (``_block_wgrad_kernel``); ``BLOCK_M`` is the reduction step.
@@ -12,7 +15,8 @@ Override with ``MONARCH_KERNELS_CONFIGS``: ``cuda`` or ``hip`` forces a backend'
 configs explicitly, ``;``-separated, e.g.
 ``MONARCH_KERNELS_CONFIGS="BLOCK_M=64,BLOCK_O=64,BLOCK_C=32,num_warps=4,num_stages=3"``
 (HIP options such as ``waves_per_eu=2`` are accepted too). An explicit list applies to every
-kind, except that ``fused`` keeps only entries with ``BLOCK_M <= 64``.
+kind, except that ``fused`` keeps only entries with ``BLOCK_M <= 64`` and ``group`` only
+entries with ``BLOCK_J`` (the backend's set when there are none).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import triton
 
 ENV_VAR = "MONARCH_KERNELS_CONFIGS"
 FUSED_MAX_BLOCK_M = 64
-KINDS = ("stage", "fused", "wgrad")
+KINDS = ("stage", "group", "fused", "wgrad")
 
 # Shared memory (NVIDIA) / LDS (AMD) per SM or CU that one program may plan for.
 _SMEM_BYTES = {"cuda": 160 * 1024, "gfx942": 64 * 1024, "gfx950": 160 * 1024}
@@ -47,10 +51,28 @@ def hip_arch() -> str:
 
 
 def _fits(cfg: triton.Config, smem_bytes: int, elt: int = 2) -> bool:
-    """Operand tiles of every pipeline stage must fit the chip's shared memory / LDS."""
+    """Operand tiles of every pipeline stage must fit the chip's shared memory / LDS.
+
+    A grouped config holds BLOCK_J weight tiles (resident, once) and BLOCK_J activation tiles
+    per pipeline stage.
+    """
     kw = cfg.kwargs
-    tile = (kw["BLOCK_M"] + kw["BLOCK_O"]) * kw["BLOCK_C"] * elt
-    return tile * max(cfg.num_stages, 1) <= smem_bytes
+    stages = max(cfg.num_stages, 1)
+    if "BLOCK_J" in kw:
+        need = kw["BLOCK_J"] * kw["BLOCK_C"] * (kw["BLOCK_O"] + kw["BLOCK_M"] * stages) * elt
+        return need <= smem_bytes
+    return (kw["BLOCK_M"] + kw["BLOCK_O"]) * kw["BLOCK_C"] * elt * stages <= smem_bytes
+
+
+def _group(shapes, **options) -> list[triton.Config]:
+    return [
+        triton.Config(
+            {"BLOCK_J": j, "BLOCK_M": m, "BLOCK_O": o, "BLOCK_C": c, **options},
+            num_warps=w,
+            num_stages=s,
+        )
+        for j, m, o, c, w, s in shapes
+    ]
 
 
 def _cuda_configs(kind: str = "stage") -> list[triton.Config]:
@@ -60,6 +82,19 @@ def _cuda_configs(kind: str = "stage") -> list[triton.Config]:
     amortises the weight tile over many rows, which is what the memory-bound many-block case
     needs; 3-4 stages of cp.async/TMA pipelining hide HBM latency within the 160 KB we plan for.
     """
+    if kind == "group":
+        # (J, M, O, C, warps, stages). J=8 bf16 outputs are one 16-byte store; J=16 fills a
+        # 32-byte sector. The weights of a group (J x C x O) stay in shared memory while rows
+        # stream, and J*M*O <= 16K keeps the fp32 accumulator at 64 registers a thread.
+        # The first is small enough for float32 on an A100 too.
+        shapes = [
+            (4, 32, 64, 32, 4, 2),
+            (8, 32, 64, 64, 8, 2),
+            (16, 16, 32, 64, 4, 2),
+            (8, 64, 32, 64, 8, 2),
+            (8, 32, 64, 32, 4, 3),
+        ]
+        return [c for c in _group(shapes) if _fits(c, _SMEM_BYTES["cuda"])]
     if kind == "fused":
         # One program per SM holds BLOCK_M x k*q of scratch in L2: 16-32 rows keep 132 SMs'
         # scratch within a few tens of MB at width 4096.
@@ -93,6 +128,14 @@ def _hip_configs(kind: str = "stage", arch: str | None = None) -> list[triton.Co
     """
     arch = arch or hip_arch()
     big = arch.startswith("gfx95")
+    if kind == "group":
+        # 64 KB of LDS on MI300X holds 8 blocks' 64x32 weights and two 8x16x64 row tiles;
+        # MI355X's 160 KB takes 16-block groups and twice the rows.
+        shapes = [(4, 32, 64, 32, 4, 2), (8, 16, 32, 64, 4, 2)]
+        if big:
+            shapes += [(16, 16, 32, 32, 4, 2), (8, 32, 32, 64, 8, 2)]
+        cfgs = _group(shapes, waves_per_eu=2, matrix_instr_nonkdim=16)
+        return [c for c in cfgs if _fits(c, _SMEM_BYTES["gfx950" if big else "gfx942"])]
     if kind == "fused":
         shapes = [(16, 64, 64, 4, 2, 2), (32, 64, 64, 4, 2, 2), (64, 64, 32, 4, 2, 1)]
     elif kind == "wgrad":
@@ -145,7 +188,11 @@ def get_configs(kind: str) -> list[triton.Config]:
     if spec in ("", "cuda", "hip"):
         hip = is_hip() if spec == "" else spec == "hip"
         return _hip_configs(kind) if hip else _cuda_configs(kind)
-    cfgs = _parse(spec)
+    # entries with BLOCK_J are for the grouped kernel, the others for the rest; a kind that
+    # the list gives nothing for keeps the backend's set
+    cfgs = [c for c in _parse(spec) if ("BLOCK_J" in c.kwargs) == (kind == "group")]
+    if not cfgs:
+        return _hip_configs(kind) if is_hip() else _cuda_configs(kind)
     if kind == "fused":
         cfgs = [c for c in cfgs if c.kwargs["BLOCK_M"] <= FUSED_MAX_BLOCK_M]
         if not cfgs:

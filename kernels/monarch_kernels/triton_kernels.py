@@ -118,6 +118,91 @@ def _block_matmul_kernel(
 
 
 @triton.jit
+def _block_group_kernel(
+    in_ptr,
+    w_ptr,
+    out_ptr,
+    B,
+    NBLK,
+    NOUT,
+    NRED,
+    TILES_PER_PROG,
+    stride_in_m,
+    stride_in_blk,
+    stride_in_c,
+    stride_w_blk,
+    stride_w_o,
+    stride_w_c,
+    stride_out_m,
+    stride_out_blk,
+    stride_out_o,
+    BLOCK_J: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_O: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    STATIONARY: tl.constexpr,
+):
+    """One block-diagonal stage, BLOCK_J consecutive blocks per program in one batched dot.
+
+    ``out[m, blk, o] = sum_c in[m, blk, c] * w[blk, o, c]`` for blk in a group of BLOCK_J.
+    Where the block index is the contiguous one in memory (``y[b, a*l + j]``, the forward's
+    output; ``dy`` read the same way in the backward), a group makes BLOCK_J-element runs that
+    the compiler coalesces into full sectors; one block per program would touch one sector per
+    element. Grid: (block groups, output tiles, row splits), groups fastest so that programs
+    writing the same sectors run side by side; each program walks TILES_PER_PROG row tiles.
+    STATIONARY (the whole reduction fits in BLOCK_C) loads the group's weights once, before
+    the row loop, so that only activations stream.
+    """
+    offs_j = tl.program_id(0) * BLOCK_J + tl.arange(0, BLOCK_J)
+    offs_o = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)
+    offs_c = tl.arange(0, BLOCK_C)
+    j3 = offs_j[:, None, None]
+    mask_jo = (j3 < NBLK) & (offs_o[None, None, :] < NOUT)
+    w_base = w_ptr + j3 * stride_w_blk + offs_o[None, None, :] * stride_w_o  # (J, 1, O)
+    if STATIONARY:
+        w_all = tl.load(
+            w_base + offs_c[None, :, None] * stride_w_c,
+            mask=mask_jo & (offs_c[None, :, None] < NRED),
+            other=0.0,
+        )  # (J, C, O): w[blk] transposed by its strides
+    tile0 = tl.program_id(2) * TILES_PER_PROG
+    tile_end = tl.minimum(tile0 + TILES_PER_PROG, tl.cdiv(B, BLOCK_M))
+    for tile in range(tile0, tile_end):
+        offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        m3 = offs_m[None, :, None]
+        mask_jm = (j3 < NBLK) & (m3 < B)
+        in_base = in_ptr + m3 * stride_in_m + j3 * stride_in_blk  # (J, M, 1)
+        acc = tl.zeros((BLOCK_J, BLOCK_M, BLOCK_O), dtype=tl.float32)
+        if STATIONARY:
+            a = tl.load(
+                in_base + offs_c[None, None, :] * stride_in_c,
+                mask=mask_jm & (offs_c[None, None, :] < NRED),
+                other=0.0,
+            )
+            acc = tl.dot(a.to(w_all.dtype), w_all, acc, input_precision="ieee")
+        else:
+            for c0 in range(0, NRED, BLOCK_C):
+                cc = c0 + offs_c
+                a = tl.load(
+                    in_base + cc[None, None, :] * stride_in_c,
+                    mask=mask_jm & (cc[None, None, :] < NRED),
+                    other=0.0,
+                )
+                w = tl.load(
+                    w_base + cc[None, :, None] * stride_w_c,
+                    mask=mask_jo & (cc[None, :, None] < NRED),
+                    other=0.0,
+                )
+                acc = tl.dot(a.to(w.dtype), w, acc, input_precision="ieee")
+        out = (
+            out_ptr + m3 * stride_out_m + j3 * stride_out_blk + offs_o[None, None, :] * stride_out_o
+        )
+        tl.store(
+            out, acc.to(out_ptr.dtype.element_ty), mask=mask_jm & (offs_o[None, None, :] < NOUT)
+        )
+
+
+@triton.jit
 def _monarch_fused_kernel(
     in_ptr,
     w1_ptr,

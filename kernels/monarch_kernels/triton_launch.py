@@ -16,7 +16,12 @@ import triton
 
 from .configs import get_configs
 from .reference import monarch_shapes
-from .triton_kernels import _block_matmul_kernel, _block_wgrad_kernel, _monarch_fused_kernel
+from .triton_kernels import (
+    _block_group_kernel,
+    _block_matmul_kernel,
+    _block_wgrad_kernel,
+    _monarch_fused_kernel,
+)
 
 PATH_ENV_VAR = "MONARCH_KERNELS_PATH"  # "fused" or "two_kernel" forces a path
 PATHS = ("fused", "two_kernel")
@@ -25,15 +30,23 @@ MAX_BLOCKS = 65535  # grid axis 1 carries the block index
 MAX_ELEMENTS = 2**31 - 1  # row/feature offsets are computed in int32 before widening
 _KEYS = {
     "stage": ["B", "NBLK", "NOUT", "NRED"],
+    "group": ["B", "NBLK", "NOUT", "NRED"],
     "fused": ["B", "K1", "O1", "C1", "K2", "O2", "C2", "FULL_SCRATCH"],
     "wgrad": ["B", "NBLK", "NOUT", "NRED"],
 }
 _KERNELS = {
     "stage": _block_matmul_kernel,
+    "group": _block_group_kernel,
     "fused": _monarch_fused_kernel,
     "wgrad": _block_wgrad_kernel,
 }
+GROUP_MAX_RED = 128  # reductions up to this width take the grouped kernel
 _autotuned: dict[str, object] = {}
+
+
+def _stationary(meta: dict) -> bool:
+    """The grouped kernel keeps its weights resident when one step covers the reduction."""
+    return meta["NRED"] <= meta["BLOCK_C"]
 
 
 def interpreting() -> bool:
@@ -95,9 +108,14 @@ def _launch(kind: str, grid, args: tuple, config: triton.Config | None, **const)
     if config is None and interpreting():
         config = get_configs(kind)[0]  # the interpreter cannot time configs
     if config is not None:
+        if kind == "group":
+            nred = args[kernel.arg_names.index("NRED")]
+            const["STATIONARY"] = _stationary({"NRED": nred, **config.kwargs})
         kernel[grid(config.kwargs)](*args, **const, **config.all_kwargs())
         return
     if kind not in _autotuned:
+        if kind == "group":
+            kernel = triton.heuristics({"STATIONARY": _stationary})(kernel)
         _autotuned[kind] = triton.autotune(configs=get_configs(kind), key=_KEYS[kind])(kernel)
     _autotuned[kind][grid](*args, **const)
 
@@ -110,13 +128,37 @@ def _device_info(device: torch.device) -> tuple[int, int]:
     return props.multi_processor_count, getattr(props, "L2_cache_size", 40 * 2**20)
 
 
-def _stage(inp, w, out, B, nblk, o, c, s_in, s_w, s_out, config) -> None:
-    """One block-diagonal stage; ``s_in``/``s_out`` are (row, block, feature) strides."""
+def _stage(inp, w, out, B, nblk, o, c, s_in, s_w, s_out, configs) -> None:
+    """One block-diagonal stage; ``s_in``/``s_out`` are (row, block, feature) strides.
+
+    Narrow blocks (reduction <= GROUP_MAX_RED, the memory-bound regime) take the grouped
+    kernel: several blocks per program, weights resident, rows streamed. Wide blocks take the
+    one-block-per-program kernel, whose 2-d dots the compiler maps to the widest matrix
+    instructions.
+    """
+    if c <= GROUP_MAX_RED:
+        sms, _ = _device_info(inp.device)
+        # about four programs per SM; rows per program a multiple of every BLOCK_M
+        groups = max(1, triton.cdiv(nblk, 8) * triton.cdiv(o, 64))
+        splits = max(1, min(triton.cdiv(4 * sms, groups), triton.cdiv(B, 128)))
+        rows = triton.cdiv(triton.cdiv(B, splits), 128) * 128
+
+        def grid(meta):
+            return (
+                triton.cdiv(nblk, meta["BLOCK_J"]),
+                triton.cdiv(o, meta["BLOCK_O"]),
+                triton.cdiv(B, rows),
+            )
+
+        args = (inp, w, out, B, nblk, o, c, rows, *s_in, *s_w, *s_out)
+        _launch("group", grid, args, configs.get("group"))
+        return
 
     def grid(meta):
         return (triton.cdiv(B, meta["BLOCK_M"]), nblk, triton.cdiv(o, meta["BLOCK_O"]))
 
-    _launch("stage", grid, (inp, w, out, B, nblk, o, c, *s_in, *s_w, *s_out), config)
+    args = (inp, w, out, B, nblk, o, c, *s_in, *s_w, *s_out)
+    _launch("stage", grid, args, configs.get("stage"))
 
 
 def _fused(inp, w1, w2, out, scratch, sizes, slot_rows, strides, nprog, full, config) -> None:
@@ -172,8 +214,8 @@ def monarch_forward(
         _fused(x2, w1, w2, y, scratch, sizes, slot_rows, strides, nprog, False, fused_cfg)
     else:
         h = x2.new_empty(k * q, B)  # feature-major intermediate, row tiles contiguous
-        _stage(x2, w1, h, B, k, q, p, sx, sw1, (1, q * B, B), configs.get("stage"))
-        _stage(h, w2, y, B, l, s, r, (1, B, l * B), sw2, sy, configs.get("stage"))
+        _stage(x2, w1, h, B, k, q, p, sx, sw1, (1, q * B, B), configs)
+        _stage(h, w2, y, B, l, s, r, (1, B, l * B), sw2, sy, configs)
     return y
 
 
@@ -228,12 +270,12 @@ def monarch_backward(
         nprog = num_programs or 4 * sms
         _fused(dy2, w2, w1, dx, df, sizes, B, strides, nprog, True, configs.get("fused"))
     else:
-        _stage(dy2, w2, df, B, l, r, s, sdy, sw2t, (1, B, l * B), configs.get("stage"))
-        _stage(df, w1, dx, B, k, p, q, (1, q * B, B), sw1t, sdx, configs.get("stage"))
+        _stage(dy2, w2, df, B, l, r, s, sdy, sw2t, (1, B, l * B), configs)
+        _stage(df, w1, dx, B, k, p, q, (1, q * B, B), sw1t, sdx, configs)
     # Stage 1 recomputed (cheaper than keeping it from the forward in the memory-bound case).
     h = x2.new_empty(k * q, B)
     sw1 = (w1.stride(0), w1.stride(1), w1.stride(2))
-    _stage(x2, w1, h, B, k, q, p, sx, sw1, (1, q * B, B), configs.get("stage"))
+    _stage(x2, w1, h, B, k, q, p, sx, sw1, (1, q * B, B), configs)
     if splits is None:
         # Enough programs for about two waves, but at least 256 rows of reduction each.
         tiles = max(1, (q // 64) * (p // 64))

@@ -1,0 +1,169 @@
+# ruff: noqa: E741
+# (k, q, p, l, s, r are the specification's names; l is a block count.)
+"""The compiled Triton kernels on a real GPU, against the float64 reference.
+
+Skipped where there is no GPU (CI). On a GPU machine:
+
+    PYTHONPATH=kernels python -m pytest -p no:cacheprovider --noconftest tests/test_monarch_gpu.py
+
+Each check draws fresh random inputs, fills the allocator's cached blocks with NaN first (so
+an element a kernel never wrote cannot pass), and compares by relative Frobenius error.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA or ROCm GPU", allow_module_level=True)
+triton = pytest.importorskip("triton")
+
+from monarch_kernels import (  # noqa: E402
+    MonarchLinear,
+    monarch_matmul,
+    monarch_reference,
+    triton_launch,
+)
+from monarch_kernels.configs import get_configs  # noqa: E402
+
+DEV = torch.device("cuda")
+# relative Frobenius error allowed: fp32 dots run in IEEE fp32; bf16/fp16 round the inputs,
+# the intermediate and the output
+TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+# (B, k, p, q, l, s): square many-block, k != l with in != out, wide blocks, odd sizes
+SHAPES = [
+    (1000, 64, 64, 64, 64, 64),
+    (777, 8, 96, 80, 10, 50),
+    (300, 4, 256, 256, 4, 300),
+    (37, 4, 6, 5, 5, 3),
+]
+
+
+def _poison() -> None:
+    """Leave NaN in the caching allocator's free blocks, where the next outputs will land."""
+    free = torch.cuda.mem_get_info()[0]
+    junk = torch.empty(min(free // 4, 2**30) // 4, device=DEV).fill_(float("nan"))
+    del junk
+
+
+def _inputs(shape, dtype, seed, strided=False):
+    B, k, p, q, l, s = shape
+    r = k * q // l
+    g = torch.Generator(device=DEV).manual_seed(seed)
+
+    def randn(*size):
+        return torch.randn(*size, generator=g, device=DEV, dtype=torch.float64)
+
+    if strided:
+        x = randn(k * p, 2 * B).t()[::2]
+        w1 = randn(k, p, q).transpose(1, 2) / p**0.5
+        w2 = randn(s, l, r).transpose(0, 1) / r**0.5
+    else:
+        x, w1, w2 = randn(B, k * p), randn(k, q, p) / p**0.5, randn(l, s, r) / r**0.5
+    dy = randn(B, s * l)
+    return x, w1, w2, dy
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    assert torch.isfinite(got).all(), "non-finite output (an element never written?)"
+    return ((got.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def _grads64(x, w1, w2, dy):
+    a = [t.detach().clone().requires_grad_() for t in (x, w1, w2)]
+    monarch_reference(*a).backward(dy)
+    return [t.grad for t in a]
+
+
+def _cast(tensors, dtype):
+    # keep strides: the kernels must read non-contiguous inputs in place
+    return [t.to(dtype) for t in tensors]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("path", ["fused", "two_kernel"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_forward_and_backward_match_reference(shape, path, dtype):
+    for seed, strided in ((0, False), (1, True)):
+        x, w1, w2, dy = _inputs(shape, torch.float64, seed, strided)
+        want = monarch_reference(x, w1, w2)
+        grads = _grads64(x, w1, w2, dy)
+        xs, w1s, w2s, dys = _cast((x, w1, w2, dy), dtype)
+        first = {kind: get_configs(kind)[0] for kind in ("stage", "group", "fused", "wgrad")}
+        _poison()
+        y = triton_launch.monarch_forward(xs, w1s, w2s, path=path, configs=first)
+        assert _rel(y, want) < TOL[dtype], ("y", _rel(y, want))
+        _poison()
+        got = triton_launch.monarch_backward(dys, xs, w1s, w2s, path=path, configs=first)
+        for name, a, b in zip(("dx", "dw1", "dw2"), got, grads, strict=True):
+            assert _rel(a, b) < TOL[dtype], (name, _rel(a, b))
+
+
+@pytest.mark.parametrize("kind", ["stage", "group", "fused", "wgrad"])
+def test_every_config_of_the_active_backend(kind):
+    """bfloat16, the square many-block case and an odd one, every config of ``kind``."""
+    for shape in (SHAPES[0], SHAPES[1]):
+        x, w1, w2, dy = _inputs(shape, torch.float64, 5)
+        want = monarch_reference(x, w1, w2)
+        grads = _grads64(x, w1, w2, dy)
+        xs, w1s, w2s, dys = _cast((x, w1, w2, dy), torch.bfloat16)
+        path = "fused" if kind == "fused" else "two_kernel"
+        bound = triton_launch.GROUP_MAX_RED
+        triton_launch.GROUP_MAX_RED = 0 if kind == "stage" else bound
+        try:
+            for cfg in get_configs(kind):
+                _poison()
+                y = triton_launch.monarch_forward(xs, w1s, w2s, path=path, configs={kind: cfg})
+                assert _rel(y, want) < 2e-2, (cfg, _rel(y, want))
+                got = triton_launch.monarch_backward(
+                    dys, xs, w1s, w2s, path=path, configs={kind: cfg}
+                )
+                for name, a, b in zip(("dx", "dw1", "dw2"), got, grads, strict=True):
+                    assert _rel(a, b) < 2e-2, (cfg, name, _rel(a, b))
+        finally:
+            triton_launch.GROUP_MAX_RED = bound
+
+
+def test_weight_gradients_are_deterministic():
+    x, w1, w2, dy = _cast(_inputs(SHAPES[0], torch.float64, 3), torch.bfloat16)
+    first = triton_launch.monarch_backward(dy, x, w1, w2)
+    for _ in range(3):
+        again = triton_launch.monarch_backward(dy, x, w1, w2)
+        for a, b in zip(first, again, strict=True):
+            assert torch.equal(a, b)
+
+
+def test_op_autotuned_with_batch_dims_and_autograd():
+    x, w1, w2, dy = _inputs(SHAPES[1], torch.float64, 4)
+    B = x.shape[0]
+    want = monarch_reference(x, w1, w2)
+    grads = _grads64(x, w1, w2, dy)
+    a = [t.to(torch.bfloat16).requires_grad_() for t in (x, w1, w2)]
+    y = monarch_matmul(a[0].view(7, B // 7, -1), a[1], a[2])
+    assert y.shape == (7, B // 7, want.shape[1])
+    assert _rel(y.reshape(B, -1), want) < 2e-2
+    y.backward(dy.to(torch.bfloat16).view(y.shape))
+    for name, t, g in zip(("dx", "dw1", "dw2"), a, grads, strict=True):
+        assert _rel(t.grad.reshape(g.shape), g) < 2e-2, name
+
+
+def test_monarch_linear_compiles_fullgraph_and_learns():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        MonarchLinear(256, 512, nblocks=8, device=DEV, dtype=torch.bfloat16),
+        torch.nn.GELU(),
+        MonarchLinear(512, 1, nblocks=8, device=DEV, dtype=torch.bfloat16),
+    )
+    compiled = torch.compile(model, fullgraph=True)
+    x = torch.randn(512, 256, device=DEV, dtype=torch.bfloat16)
+    target = x[:, :8].float().sum(1, keepdim=True).to(torch.bfloat16)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(60):
+        loss = torch.nn.functional.mse_loss(compiled(x).float(), target.float())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0], losses[::10]
