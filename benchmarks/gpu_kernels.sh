@@ -15,8 +15,8 @@ $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton
 timeout "${TEST_TIMEOUT:-240}" $PY -m pytest -q -p no:cacheprovider --noconftest -n 8 \
   tests/test_monarch_gpu.py >"$OUT/gpu_tests.log" 2>&1
 echo "gpu tests exit $?"; tail -25 "$OUT/gpu_tests.log"
-timeout 150 $PY -m monarch_kernels.tune --case 4096:64:16384 2>&1 | tee "$OUT/tune_64.log"
-timeout 90 $PY -m monarch_kernels.tune --case 4096:4:16384 --kinds group,stage \
+timeout "${TUNE_TIMEOUT:-150}" $PY -m monarch_kernels.tune --case 4096:64:16384 2>&1 | tee "$OUT/tune_64.log"
+timeout "${TUNE_TIMEOUT:-150}" $PY -m monarch_kernels.tune --case 4096:4:16384 --kinds group,stage \
   2>&1 | tee "$OUT/tune_4.log"
 timeout "${BENCH_TIMEOUT:-240}" $PY -m monarch_kernels.bench ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
 tar czf "$OUT/triton_cache.tgz" -C "$HOME" .triton 2>/dev/null || true
