@@ -29,8 +29,10 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_BLOCKS = 65535  # grid axis 1 carries the block index
 MAX_ELEMENTS = 2**31 - 1  # row/feature offsets are computed in int32 before widening
 _KEYS = {
-    "stage": ["B", "NBLK", "NOUT", "NRED"],
-    "group": ["B", "NBLK", "NOUT", "NRED"],
+    # the strides that say which side is permuted: stage 1 and stage 2 have the same sizes in
+    # the square case but very different memory access
+    "stage": ["B", "NBLK", "NOUT", "NRED", "stride_in_m", "stride_out_blk"],
+    "group": ["B", "NBLK", "NOUT", "NRED", "stride_in_m", "stride_out_blk"],
     "fused": ["B", "K1", "O1", "C1", "K2", "O2", "C2", "FULL_SCRATCH"],
     "wgrad": ["B", "NBLK", "NOUT", "NRED"],
 }

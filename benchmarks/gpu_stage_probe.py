@@ -1,0 +1,109 @@
+# ruff: noqa: E741
+# (k, q, p, l, s, r are the specification's names; l is a block count.)
+"""Where the Monarch op's time goes on a GPU: each stage kernel alone, by layout.
+
+    PYTHONPATH=kernels python benchmarks/gpu_stage_probe.py [--case 4096:64:16384]
+
+Times (``triton.testing.do_bench`` medians) for one block-diagonal stage as the op launches
+it: reading x and writing the feature-major intermediate (stage 1), and reading that and
+writing y in the specification's permuted order (stage 2), next to stage 2 writing a
+block-major buffer instead (coalesced along features), both with the one-block (2-d) and
+the grouped (3-d) kernel; cuBLAS bmm of the same stage and a plain copy for scale. Then a
+torch.profiler breakdown of the op's forward and backward, per kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import triton
+from monarch_kernels import monarch_matmul, triton_launch
+
+
+def _ms(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--case", default="4096:64:16384")
+    args = parser.parse_args()
+    n, blocks, B = (int(v) for v in args.case.split(":"))
+    bs = n // blocks
+    k = l = blocks
+    p = q = r = s = bs
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    x = torch.randn(B, n, device=dev, dtype=dt)
+    w1 = torch.randn(k, q, p, device=dev, dtype=dt) / p**0.5
+    w2 = torch.randn(l, s, r, device=dev, dtype=dt) / r**0.5
+    h = torch.empty(k * q, B, device=dev, dtype=dt)
+    y = torch.empty(B, n, device=dev, dtype=dt)
+    act = B * n * x.element_size()
+    rows = []
+
+    def add(name, fn, traffic=2 * act):
+        ms = _ms(fn)
+        rows.append((name, ms, traffic / (ms * 1e-3) / 1e9))
+
+    sx = (x.stride(0), p, 1)
+    sw = (w1.stride(0), w1.stride(1), w1.stride(2))
+    feature_major = (1, q * B, B)  # h[i*q + a, b]
+    permuted_in = (1, B, l * B)  # h[rr*l + j, b]
+    y_perm = (n, 1, l)  # y[b, a*l + j]
+    y_block = (n, s, 1)  # y[b, j*s + a]
+    bound = triton_launch.GROUP_MAX_RED
+    for kernel, limit in (("2-d", 0), ("grouped", 1 << 30)):
+        triton_launch.GROUP_MAX_RED = limit
+
+        def stage(inp, w, out, s_in, s_out):
+            triton_launch._stage(inp, w, out, B, k, q, p, s_in, sw, s_out, {})
+
+        add(f"stage 1 {kernel}: x -> h", lambda st=stage: st(x, w1, h, sx, feature_major))
+        add(
+            f"stage 2 {kernel}: h -> y permuted", lambda st=stage: st(h, w2, y, permuted_in, y_perm)
+        )
+        add(
+            f"stage 2 {kernel}: h -> y block-major",
+            lambda st=stage: st(h, w2, y, permuted_in, y_block),
+        )
+    triton_launch.GROUP_MAX_RED = bound
+    xb = x.view(B, k, p).transpose(0, 1)
+    out = torch.empty(k, B, q, device=dev, dtype=dt)
+    add(
+        "cuBLAS bmm, block-major in and out",
+        lambda: torch.bmm(xb.contiguous(), w1.transpose(1, 2), out=out),
+    )
+    ycopy = torch.empty_like(y)
+    add("copy y", lambda: ycopy.copy_(y))
+    yb = y.view(B, l, s)
+    add("permute (B, l, s) -> (B, s, l)", lambda: ycopy.view(B, s, l).copy_(yb.transpose(1, 2)))
+    for path in ("fused", "two_kernel"):
+        add(f"op forward, {path}", lambda p=path: triton_launch.monarch_forward(x, w1, w2, path=p))
+    print(f"{torch.cuda.get_device_name(dev)}; n={n} blocks={blocks} batch={B} bfloat16")
+    width = max(len(r[0]) for r in rows)
+    print(f"| {'what'.ljust(width)} | ms | GB/s (2 activations) |")
+    print(f"|{'-' * (width + 2)}|----|------|")
+    for name, ms, gbs in rows:
+        print(f"| {name.ljust(width)} | {ms:.4f} | {gbs:.0f} |")
+    xg = x.detach().requires_grad_()
+    ws = [w.detach().requires_grad_() for w in (w1, w2)]
+    dy = torch.randn_like(y)
+    for _ in range(3):
+        monarch_matmul(xg, *ws).backward(dy)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            monarch_matmul(xg, *ws).backward(dy)
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    for key in ("device_time_total", "cuda_time_total"):
+        try:
+            print(events.table(sort_by=key, row_limit=12, max_name_column_width=60))
+            break
+        except (AttributeError, KeyError, ValueError):
+            continue
+
+
+if __name__ == "__main__":
+    main()
