@@ -37,8 +37,8 @@ def main() -> None:
     x = torch.randn(B, n, device=dev, dtype=dt)
     w1 = torch.randn(k, q, p, device=dev, dtype=dt) / p**0.5
     w2 = torch.randn(l, s, r, device=dev, dtype=dt) / r**0.5
-    h = torch.empty(k * q, B, device=dev, dtype=dt)
-    y = torch.empty(B, n, device=dev, dtype=dt)
+    h = torch.randn(k * q, B, device=dev, dtype=dt)
+    y = torch.randn(B, n, device=dev, dtype=dt)
     act = B * n * x.element_size()
     rows = []
 
@@ -52,43 +52,38 @@ def main() -> None:
     permuted_in = (1, B, l * B)  # h[rr*l + j, b]
     y_perm = (n, 1, l)  # y[b, a*l + j]
     y_block = (n, s, 1)  # y[b, j*s + a]
-    bound = triton_launch.GROUP_MAX_RED
-    for kernel, limit in (("2-d", 0), ("grouped", 1 << 30)):
-        triton_launch.GROUP_MAX_RED = limit
 
-        def stage(inp, w, out, s_in, s_out):
-            triton_launch._stage(inp, w, out, B, k, q, p, s_in, sw, s_out, {})
+    def stage(inp, w, out, s_in, s_out):
+        triton_launch._stage(inp, w, out, B, k, q, p, s_in, sw, s_out, {})
 
-        add(f"stage 1 {kernel}: x -> h", lambda st=stage: st(x, w1, h, sx, feature_major))
-        add(
-            f"stage 2 {kernel}: h -> y permuted", lambda st=stage: st(h, w2, y, permuted_in, y_perm)
-        )
-        add(
-            f"stage 2 {kernel}: h -> y block-major",
-            lambda st=stage: st(h, w2, y, permuted_in, y_block),
-        )
-    triton_launch.GROUP_MAX_RED = bound
+    add("stage 1: x -> h", lambda: stage(x, w1, h, sx, feature_major))
+    for kernel, grouped in (("one-block", False), ("grouped", True)):
+        triton_launch.GROUPED = grouped
+        add(f"stage 2 {kernel}: h -> y permuted", lambda: stage(h, w2, y, permuted_in, y_perm))
+    triton_launch.GROUPED = True
+    add("stage 2: h -> y block-major", lambda: stage(h, w2, y, permuted_in, y_block))
+    add("deinterleave y (the backward's dy)", lambda: triton_launch._deinterleave(y, l, s))
     xb = x.view(B, k, p).transpose(0, 1)
     out = torch.empty(k, B, q, device=dev, dtype=dt)
-    add(
-        "cuBLAS bmm, block-major in and out",
-        lambda: torch.bmm(xb.contiguous(), w1.transpose(1, 2), out=out),
-    )
+    add("cuBLAS bmm, block-major in and out", lambda: torch.bmm(xb, w1.transpose(1, 2), out=out))
     ycopy = torch.empty_like(y)
     add("copy y", lambda: ycopy.copy_(y))
-    yb = y.view(B, l, s)
-    add("permute (B, l, s) -> (B, s, l)", lambda: ycopy.view(B, s, l).copy_(yb.transpose(1, 2)))
+    dy = torch.randn_like(y)
     for path in ("fused", "two_kernel"):
         add(f"op forward, {path}", lambda p=path: triton_launch.monarch_forward(x, w1, w2, path=p))
+        add(
+            f"op backward, {path}",
+            lambda p=path: triton_launch.monarch_backward(dy, x, w1, w2, path=p),
+            traffic=5 * act,
+        )
     print(f"{torch.cuda.get_device_name(dev)}; n={n} blocks={blocks} batch={B} bfloat16")
     width = max(len(r[0]) for r in rows)
-    print(f"| {'what'.ljust(width)} | ms | GB/s (2 activations) |")
+    print(f"| {'what'.ljust(width)} | ms | GB/s (activations moved) |")
     print(f"|{'-' * (width + 2)}|----|------|")
     for name, ms, gbs in rows:
         print(f"| {name.ljust(width)} | {ms:.4f} | {gbs:.0f} |")
     xg = x.detach().requires_grad_()
     ws = [w.detach().requires_grad_() for w in (w1, w2)]
-    dy = torch.randn_like(y)
     for _ in range(3):
         monarch_matmul(xg, *ws).backward(dy)
     torch.cuda.synchronize()

@@ -53,15 +53,15 @@ def hip_arch() -> str:
 def _fits(cfg: triton.Config, smem_bytes: int, elt: int = 2) -> bool:
     """Operand tiles of every pipeline stage must fit the chip's shared memory / LDS.
 
-    A grouped config holds BLOCK_J weight tiles (resident, once) and BLOCK_J activation tiles
-    per pipeline stage.
+    A grouped config computes its blocks one after another, so it needs one block's tiles at
+    a time, plus room to interleave the fp32 accumulators of its blocks on the way out.
     """
     kw = cfg.kwargs
     stages = max(cfg.num_stages, 1)
+    need = (kw["BLOCK_M"] + kw["BLOCK_O"]) * kw["BLOCK_C"] * elt * stages
     if "BLOCK_J" in kw:
-        need = kw["BLOCK_J"] * kw["BLOCK_C"] * (kw["BLOCK_O"] + kw["BLOCK_M"] * stages) * elt
-        return need <= smem_bytes
-    return (kw["BLOCK_M"] + kw["BLOCK_O"]) * kw["BLOCK_C"] * elt * stages <= smem_bytes
+        need = max(need, kw["BLOCK_J"] * kw["BLOCK_M"] * kw["BLOCK_O"] * 4)
+    return need <= smem_bytes
 
 
 def _group(shapes, **options) -> list[triton.Config]:
@@ -83,16 +83,17 @@ def _cuda_configs(kind: str = "stage") -> list[triton.Config]:
     needs; 3-4 stages of cp.async/TMA pipelining hide HBM latency within the 160 KB we plan for.
     """
     if kind == "group":
-        # (J, M, O, C, warps, stages). J=8 bf16 outputs are one 16-byte store; J=16 fills a
-        # 32-byte sector. The weights of a group (J x C x O) stay in shared memory while rows
-        # stream, and J*M*O <= 16K keeps the fp32 accumulator at 64 registers a thread.
-        # The first is small enough for float32 on an A100 too.
+        # (J, M, O, C, warps, stages). J blocks per program, each a 2-d tile; J=16 bf16
+        # outputs fill a 32-byte sector, J=8 half of one (its neighbour program, running
+        # beside it, the other half). J*M*O <= 16K keeps the fp32 accumulators at 128
+        # registers a thread for 4 warps. The first is small enough for float32 on an A100.
         shapes = [
-            (4, 32, 64, 32, 4, 2),
-            (8, 32, 64, 64, 8, 2),
-            (16, 16, 32, 64, 4, 2),
-            (8, 64, 32, 64, 8, 2),
-            (8, 32, 64, 32, 4, 3),
+            (4, 64, 32, 32, 4, 2),
+            (16, 64, 16, 64, 4, 2),
+            (8, 64, 32, 64, 4, 2),
+            (8, 64, 16, 64, 4, 3),
+            (4, 64, 64, 64, 4, 3),
+            (2, 128, 64, 64, 8, 3),
         ]
         return [c for c in _group(shapes) if _fits(c, _SMEM_BYTES["cuda"])]
     if kind == "fused":
@@ -129,12 +130,16 @@ def _hip_configs(kind: str = "stage", arch: str | None = None) -> list[triton.Co
     arch = arch or hip_arch()
     big = arch.startswith("gfx95")
     if kind == "group":
-        # 64 KB of LDS on MI300X holds 8 blocks' 64x32 weights and two 8x16x64 row tiles;
-        # MI355X's 160 KB takes 16-block groups and twice the rows.
-        shapes = [(4, 32, 64, 32, 4, 2), (8, 16, 32, 64, 4, 2)]
+        # 64 KB of LDS on MI300X: one block's 64-row tile and weights at a time (the blocks of
+        # a group are computed one after another); MI355X's 160 KB takes deeper pipelines.
+        shapes = [(4, 64, 32, 32, 4, 2, 2), (8, 64, 16, 64, 4, 2, 2), (16, 32, 16, 64, 4, 2, 2)]
         if big:
-            shapes += [(16, 16, 32, 32, 4, 2), (8, 32, 32, 64, 8, 2)]
-        cfgs = _group(shapes, waves_per_eu=2, matrix_instr_nonkdim=16)
+            shapes += [(8, 64, 32, 64, 4, 3, 1), (4, 128, 32, 64, 8, 3, 1)]
+        cfgs = [
+            cfg
+            for *shape, wpe in shapes
+            for cfg in _group([shape], waves_per_eu=wpe, matrix_instr_nonkdim=16)
+        ]
         return [c for c in cfgs if _fits(c, _SMEM_BYTES["gfx950" if big else "gfx942"])]
     if kind == "fused":
         shapes = [(16, 64, 64, 4, 2, 2), (32, 64, 64, 4, 2, 2), (64, 64, 32, 4, 2, 1)]

@@ -73,6 +73,23 @@ def _tile_matmul(
 
 
 @triton.jit
+def _tile_order(NBLK, NOUT, NGROUP: tl.constexpr, BLOCK_O: tl.constexpr):
+    """(row tile, first block, first output) of this program, blocks fastest.
+
+    Programs that write the same output rows then run side by side: where blocks interleave
+    in the output (``y[b, a*l + j]``) each 32-byte sector is completed in L2 by neighbouring
+    programs within a moment, instead of lingering half-written until HBM must read it back
+    to merge (measured 40x slower on an H200 with rows fastest).
+    """
+    pid = tl.program_id(0)
+    groups = NBLK // NGROUP
+    n_o = tl.cdiv(NOUT, BLOCK_O)
+    blk0 = (pid % groups) * NGROUP
+    rest = pid // groups
+    return rest // n_o, blk0, (rest % n_o) * BLOCK_O
+
+
+@triton.jit
 def _block_matmul_kernel(
     in_ptr,
     w_ptr,
@@ -96,11 +113,10 @@ def _block_matmul_kernel(
 ):
     """One block-diagonal stage: ``out[m, blk, o] = sum_c in[m, blk, c] * w[blk, o, c]``.
 
-    Grid: (row tiles, NBLK, output tiles). Used for each stage of the two-kernel path.
+    1-d grid over (row tiles, output tiles, blocks), blocks fastest. Used where the output's
+    feature index is contiguous (stage 1, the backward).
     """
-    pid_m = tl.program_id(0)
-    blk = tl.program_id(1)
-    o0 = tl.program_id(2) * BLOCK_O
+    pid_m, blk, o0 = _tile_order(NBLK, NOUT, 1, BLOCK_O)
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     mask_m = offs_m < B
     acc = _tile_matmul(
@@ -118,6 +134,55 @@ def _block_matmul_kernel(
 
 
 @triton.jit
+def _interleaved_tiles(
+    in_ptr,
+    w_ptr,
+    offs_m,
+    mask_m,
+    blk0,
+    o0,
+    NRED,
+    NOUT,
+    stride_in_m,
+    stride_in_blk,
+    stride_in_c,
+    stride_w_blk,
+    stride_w_o,
+    stride_w_c,
+    STEP: tl.constexpr,
+    COUNT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_O: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """Tiles of blocks ``blk0 + STEP*t`` (t < COUNT) joined along new trailing axes, so that
+    ``reshape(..., (BLOCK_M, BLOCK_O, COUNT))`` has block ``blk0 + STEP*t`` at index t.
+
+    Each tile is an ordinary 2-d dot (the widest matrix instructions the chip has); ``tl.join``
+    pairs even and odd blocks recursively, which leaves consecutive blocks side by side in a
+    thread's registers.
+    """
+    if COUNT == 1:
+        return _tile_matmul(
+            in_ptr, w_ptr, offs_m, mask_m, blk0, o0, NRED, NOUT,
+            stride_in_m, stride_in_blk, stride_in_c, stride_w_blk, stride_w_o, stride_w_c,
+            BLOCK_M, BLOCK_O, BLOCK_C,
+        )  # fmt: skip
+    else:
+        even = _interleaved_tiles(
+            in_ptr, w_ptr, offs_m, mask_m, blk0, o0, NRED, NOUT,
+            stride_in_m, stride_in_blk, stride_in_c, stride_w_blk, stride_w_o, stride_w_c,
+            2 * STEP, COUNT // 2, BLOCK_M, BLOCK_O, BLOCK_C,
+        )  # fmt: skip
+        odd = _interleaved_tiles(
+            in_ptr, w_ptr, offs_m, mask_m, blk0 + STEP, o0, NRED, NOUT,
+            stride_in_m, stride_in_blk, stride_in_c, stride_w_blk, stride_w_o, stride_w_c,
+            2 * STEP, COUNT // 2, BLOCK_M, BLOCK_O, BLOCK_C,
+        )  # fmt: skip
+        return tl.join(even, odd)
+
+
+@triton.jit
 def _block_group_kernel(
     in_ptr,
     w_ptr,
@@ -126,7 +191,6 @@ def _block_group_kernel(
     NBLK,
     NOUT,
     NRED,
-    TILES_PER_PROG,
     stride_in_m,
     stride_in_blk,
     stride_in_c,
@@ -140,66 +204,36 @@ def _block_group_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_O: tl.constexpr,
     BLOCK_C: tl.constexpr,
-    STATIONARY: tl.constexpr,
 ):
-    """One block-diagonal stage, BLOCK_J consecutive blocks per program in one batched dot.
+    """One stage, BLOCK_J consecutive blocks per program, for an output whose block index is
+    the contiguous one (the forward's ``y[b, a*l + j]``).
 
-    ``out[m, blk, o] = sum_c in[m, blk, c] * w[blk, o, c]`` for blk in a group of BLOCK_J.
-    Where the block index is the contiguous one in memory (``y[b, a*l + j]``, the forward's
-    output; ``dy`` read the same way in the backward), a group makes BLOCK_J-element runs that
-    the compiler coalesces into full sectors; one block per program would touch one sector per
-    element. Grid: (block groups, output tiles, row splits), groups fastest so that programs
-    writing the same sectors run side by side; each program walks TILES_PER_PROG row tiles.
-    STATIONARY (the whole reduction fits in BLOCK_C) loads the group's weights once, before
-    the row loop, so that only activations stream.
+    The blocks' tiles are joined so that each thread holds BLOCK_J consecutive outputs of one
+    row and feature: one vector store of BLOCK_J elements instead of BLOCK_J scattered ones.
+    BLOCK_J must divide NBLK (the launcher prunes configs that do not).
     """
-    offs_j = tl.program_id(0) * BLOCK_J + tl.arange(0, BLOCK_J)
-    offs_o = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)
-    offs_c = tl.arange(0, BLOCK_C)
-    j3 = offs_j[:, None, None]
-    mask_jo = (j3 < NBLK) & (offs_o[None, None, :] < NOUT)
-    w_base = w_ptr + j3 * stride_w_blk + offs_o[None, None, :] * stride_w_o  # (J, 1, O)
-    if STATIONARY:
-        w_all = tl.load(
-            w_base + offs_c[None, :, None] * stride_w_c,
-            mask=mask_jo & (offs_c[None, :, None] < NRED),
-            other=0.0,
-        )  # (J, C, O): w[blk] transposed by its strides
-    tile0 = tl.program_id(2) * TILES_PER_PROG
-    tile_end = tl.minimum(tile0 + TILES_PER_PROG, tl.cdiv(B, BLOCK_M))
-    for tile in range(tile0, tile_end):
-        offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-        m3 = offs_m[None, :, None]
-        mask_jm = (j3 < NBLK) & (m3 < B)
-        in_base = in_ptr + m3 * stride_in_m + j3 * stride_in_blk  # (J, M, 1)
-        acc = tl.zeros((BLOCK_J, BLOCK_M, BLOCK_O), dtype=tl.float32)
-        if STATIONARY:
-            a = tl.load(
-                in_base + offs_c[None, None, :] * stride_in_c,
-                mask=mask_jm & (offs_c[None, None, :] < NRED),
-                other=0.0,
-            )
-            acc = tl.dot(a.to(w_all.dtype), w_all, acc, input_precision="ieee")
-        else:
-            for c0 in range(0, NRED, BLOCK_C):
-                cc = c0 + offs_c
-                a = tl.load(
-                    in_base + cc[None, None, :] * stride_in_c,
-                    mask=mask_jm & (cc[None, None, :] < NRED),
-                    other=0.0,
-                )
-                w = tl.load(
-                    w_base + cc[None, :, None] * stride_w_c,
-                    mask=mask_jo & (cc[None, :, None] < NRED),
-                    other=0.0,
-                )
-                acc = tl.dot(a.to(w.dtype), w, acc, input_precision="ieee")
-        out = (
-            out_ptr + m3 * stride_out_m + j3 * stride_out_blk + offs_o[None, None, :] * stride_out_o
-        )
-        tl.store(
-            out, acc.to(out_ptr.dtype.element_ty), mask=mask_jm & (offs_o[None, None, :] < NOUT)
-        )
+    pid_m, blk0, o0 = _tile_order(NBLK, NOUT, BLOCK_J, BLOCK_O)
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    mask_m = offs_m < B
+    tiles = _interleaved_tiles(
+        in_ptr, w_ptr, offs_m, mask_m, blk0, o0, NRED, NOUT,
+        stride_in_m, stride_in_blk, stride_in_c, stride_w_blk, stride_w_o, stride_w_c,
+        1, BLOCK_J, BLOCK_M, BLOCK_O, BLOCK_C,
+    )  # fmt: skip
+    acc = tl.reshape(tiles, (BLOCK_M, BLOCK_O, BLOCK_J))
+    offs_o = o0 + tl.arange(0, BLOCK_O)
+    offs_j = blk0 + tl.arange(0, BLOCK_J)
+    out = (
+        out_ptr
+        + offs_m[:, None, None] * stride_out_m
+        + offs_o[None, :, None] * stride_out_o
+        + offs_j[None, None, :] * stride_out_blk
+    )
+    tl.store(
+        out,
+        acc.to(out_ptr.dtype.element_ty),
+        mask=mask_m[:, None, None] & (offs_o[None, :, None] < NOUT),
+    )
 
 
 @triton.jit
@@ -362,3 +396,33 @@ def _block_wgrad_kernel(
         acc,
         mask=(offs_o[:, None] < NOUT) & (offs_c[None, :] < NRED),
     )
+
+
+@triton.jit
+def _deinterleave_kernel(
+    in_ptr,
+    out_ptr,
+    B,
+    L,
+    S,
+    stride_in_m,
+    stride_out_m,
+    BLOCK_M: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+):
+    """``out[m, j*S + a] = in[m, a*L + j]``: the output permutation undone, once.
+
+    Grid: (row tiles, S tiles, L tiles). The tile is read with j contiguous and written with
+    a contiguous; the compiler turns it around in shared memory. The backward reads ``dy``
+    through three kernels: one pass here saves each of them gathering it element by element.
+    """
+    offs_m = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    offs_a = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
+    offs_j = tl.program_id(2) * BLOCK_L + tl.arange(0, BLOCK_L)
+    m3 = offs_m[:, None, None]
+    a3 = offs_a[None, :, None]
+    j3 = offs_j[None, None, :]
+    mask = (m3 < B) & (a3 < S) & (j3 < L)
+    tile = tl.load(in_ptr + m3 * stride_in_m + a3 * L + j3, mask=mask)
+    tl.store(out_ptr + m3 * stride_out_m + j3 * S + a3, tile, mask=mask)

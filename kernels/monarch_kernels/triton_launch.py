@@ -20,6 +20,7 @@ from .triton_kernels import (
     _block_group_kernel,
     _block_matmul_kernel,
     _block_wgrad_kernel,
+    _deinterleave_kernel,
     _monarch_fused_kernel,
 )
 
@@ -42,13 +43,13 @@ _KERNELS = {
     "fused": _monarch_fused_kernel,
     "wgrad": _block_wgrad_kernel,
 }
-GROUP_MAX_RED = 128  # reductions up to this width take the grouped kernel
+GROUPED = True  # False sends every stage to the one-block kernel (tuning and tests)
 _autotuned: dict[str, object] = {}
 
 
-def _stationary(meta: dict) -> bool:
-    """The grouped kernel keeps its weights resident when one step covers the reduction."""
-    return meta["NRED"] <= meta["BLOCK_C"]
+def _divides(configs: list, named_args: dict, **kwargs) -> list:
+    """Grouped configs whose BLOCK_J divides the block count (there is always J=1's kernel)."""
+    return [c for c in configs if named_args["NBLK"] % c.kwargs["BLOCK_J"] == 0]
 
 
 def interpreting() -> bool:
@@ -110,15 +111,13 @@ def _launch(kind: str, grid, args: tuple, config: triton.Config | None, **const)
     if config is None and interpreting():
         config = get_configs(kind)[0]  # the interpreter cannot time configs
     if config is not None:
-        if kind == "group":
-            nred = args[kernel.arg_names.index("NRED")]
-            const["STATIONARY"] = _stationary({"NRED": nred, **config.kwargs})
         kernel[grid(config.kwargs)](*args, **const, **config.all_kwargs())
         return
     if kind not in _autotuned:
-        if kind == "group":
-            kernel = triton.heuristics({"STATIONARY": _stationary})(kernel)
-        _autotuned[kind] = triton.autotune(configs=get_configs(kind), key=_KEYS[kind])(kernel)
+        prune = {"early_config_prune": _divides} if kind == "group" else None
+        _autotuned[kind] = triton.autotune(
+            configs=get_configs(kind), key=_KEYS[kind], prune_configs_by=prune
+        )(kernel)
     _autotuned[kind][grid](*args, **const)
 
 
@@ -133,31 +132,24 @@ def _device_info(device: torch.device) -> tuple[int, int]:
 def _stage(inp, w, out, B, nblk, o, c, s_in, s_w, s_out, configs) -> None:
     """One block-diagonal stage; ``s_in``/``s_out`` are (row, block, feature) strides.
 
-    Narrow blocks (reduction <= GROUP_MAX_RED, the memory-bound regime) take the grouped
-    kernel: several blocks per program, weights resident, rows streamed. Wide blocks take the
-    one-block-per-program kernel, whose 2-d dots the compiler maps to the widest matrix
-    instructions.
+    Where the output's block index is the contiguous one (``y[b, a*l + j]``) and the block
+    count is even, the grouped kernel writes several blocks per program as vector stores;
+    elsewhere the one-block kernel.
     """
-    if c <= GROUP_MAX_RED:
-        sms, _ = _device_info(inp.device)
-        # about four programs per SM; rows per program a multiple of every BLOCK_M
-        groups = max(1, triton.cdiv(nblk, 8) * triton.cdiv(o, 64))
-        splits = max(1, min(triton.cdiv(4 * sms, groups), triton.cdiv(B, 128)))
-        rows = triton.cdiv(triton.cdiv(B, splits), 128) * 128
+    group = configs.get("group")
+    fits = group is None or nblk % group.kwargs["BLOCK_J"] == 0
+    if GROUPED and s_out[1] == 1 and nblk % 2 == 0 and fits:
 
         def grid(meta):
-            return (
-                triton.cdiv(nblk, meta["BLOCK_J"]),
-                triton.cdiv(o, meta["BLOCK_O"]),
-                triton.cdiv(B, rows),
-            )
+            tiles = triton.cdiv(B, meta["BLOCK_M"]) * triton.cdiv(o, meta["BLOCK_O"])
+            return (tiles * (nblk // meta["BLOCK_J"]),)
 
-        args = (inp, w, out, B, nblk, o, c, rows, *s_in, *s_w, *s_out)
-        _launch("group", grid, args, configs.get("group"))
+        args = (inp, w, out, B, nblk, o, c, *s_in, *s_w, *s_out)
+        _launch("group", grid, args, group)
         return
 
     def grid(meta):
-        return (triton.cdiv(B, meta["BLOCK_M"]), nblk, triton.cdiv(o, meta["BLOCK_O"]))
+        return (triton.cdiv(B, meta["BLOCK_M"]) * triton.cdiv(o, meta["BLOCK_O"]) * nblk,)
 
     args = (inp, w, out, B, nblk, o, c, *s_in, *s_w, *s_out)
     _launch("stage", grid, args, configs.get("stage"))
@@ -187,28 +179,25 @@ def monarch_forward(
     _check(x=x2, w1=w1, w2=w2)
     k, q, p, l, s, r = _shapes(x2, w1, w2)
     configs = configs or {}
-    path = _path(path)
+    # The two-kernel path unless told otherwise: on an H200 it beat the fused kernel at every
+    # measured shape (kernels/README.md), whose serial walk over the blocks cannot keep
+    # enough loads in flight.
+    path = _path(path) or "two_kernel"
     B = x2.shape[0]
     y = x2.new_empty(B, s * l)
-    sms, l2_bytes = _device_info(x2.device)
-    fused_cfg = configs.get("fused")
-    slot_rows = (
-        fused_cfg.kwargs["BLOCK_M"]
-        if fused_cfg
-        else max(c.kwargs["BLOCK_M"] for c in get_configs("fused"))
-    )
-    nprog = min(num_programs or 2 * sms, triton.cdiv(B, 16))  # 16: the smallest BLOCK_M
-    scratch_bytes = nprog * slot_rows * k * q * x2.element_size()
-    if path is None:
-        # Private slots are only cheap while all of them stay in L2 (half of it, leaving room
-        # for x, y and the weights streaming through); otherwise the two-kernel path's
-        # global intermediate costs the same HBM traffic with less synchronisation.
-        path = "fused" if scratch_bytes <= l2_bytes // 2 else "two_kernel"
     sx = (x2.stride(0), p * x2.stride(1), x2.stride(1))  # x[b, i*p + c]
     sw1 = (w1.stride(0), w1.stride(1), w1.stride(2))
     sw2 = (w2.stride(0), w2.stride(1), w2.stride(2))
     sy = (y.stride(0), y.stride(1), l * y.stride(1))  # y[b, a*l + j]
     if path == "fused":
+        sms, _ = _device_info(x2.device)
+        fused_cfg = configs.get("fused")
+        slot_rows = (
+            fused_cfg.kwargs["BLOCK_M"]
+            if fused_cfg
+            else max(c.kwargs["BLOCK_M"] for c in get_configs("fused"))
+        )
+        nprog = min(num_programs or 2 * sms, triton.cdiv(B, 16))  # 16: the smallest BLOCK_M
         scratch = x2.new_empty(nprog * slot_rows * k * q)
         sizes = (B, k, q, p, l, s, r)
         # Stage 1 writes flat index i*q + a; stage 2 reads element rr of block j at rr*l + j.
@@ -219,6 +208,22 @@ def monarch_forward(
         _stage(x2, w1, h, B, k, q, p, sx, sw1, (1, q * B, B), configs)
         _stage(h, w2, y, B, l, s, r, (1, B, l * B), sw2, sy, configs)
     return y
+
+
+def _deinterleave(dy2: torch.Tensor, l: int, s: int) -> torch.Tensor:
+    """``(B, s*l)`` in the output's order ``a*l + j`` -> contiguous ``(B, l*s)``, ``j*s + a``."""
+    B = dy2.shape[0]
+    out = dy2.new_empty(B, l * s)
+    if dy2.stride(1) != 1:
+        dy2 = dy2.contiguous()
+    bl = min(64, triton.next_power_of_2(l))
+    bs = min(64, triton.next_power_of_2(s))
+    bm = max(1, 8192 // (bl * bs))
+    grid = (triton.cdiv(B, bm), triton.cdiv(s, bs), triton.cdiv(l, bl))
+    _deinterleave_kernel[grid](
+        dy2, out, B, l, s, dy2.stride(0), out.stride(0), BLOCK_M=bm, BLOCK_S=bs, BLOCK_L=bl
+    )
+    return out
 
 
 def _wgrad(a, b, nblk, o, c, B, s_a, s_b, splits, config, dtype) -> torch.Tensor:
@@ -257,7 +262,8 @@ def monarch_backward(
     configs = configs or {}
     sms, _ = _device_info(x2.device)
     sx = (x2.stride(0), p * x2.stride(1), x2.stride(1))
-    sdy = (dy2.stride(0), dy2.stride(1), l * dy2.stride(1))  # dY[b, j, a] = dy[b, a*l + j]
+    # dY[b, j, a] = dy[b, a*l + j]: put into block-major order once, for the three readers
+    dy2, sdy = _deinterleave(dy2, l, s), (l * s, s, 1)
     # The input gradient is the transposed Monarch product: w2[j].T, then (l r) -> (r l), then
     # w1[i].T. dF, the gradient of the flat intermediate, is kept feature-major for dw1.
     sw2t = (w2.stride(0), w2.stride(2), w2.stride(1))
@@ -265,7 +271,7 @@ def monarch_backward(
     df = x2.new_empty(k * q, B)
     dx = x2.new_empty(B, k * p)
     sdx = (dx.stride(0), p, 1)
-    if (_path(path) or "fused") == "fused":
+    if (_path(path) or "two_kernel") == "fused":
         sizes = (B, l, r, s, k, p, q)
         # Stage A writes element rr of block j at rr*l + j; stage B reads i*q + a.
         strides = (*sdy, *sw2t, *sw1t, *sdx, 1, l, q, 1)
@@ -279,9 +285,10 @@ def monarch_backward(
     sw1 = (w1.stride(0), w1.stride(1), w1.stride(2))
     _stage(x2, w1, h, B, k, q, p, sx, sw1, (1, q * B, B), configs)
     if splits is None:
-        # Enough programs for about two waves, but at least 256 rows of reduction each.
+        # Enough programs for about eight per SM (each reduction is a long, latency-bound
+        # loop), but at least 256 rows of reduction each.
         tiles = max(1, (q // 64) * (p // 64))
-        splits = max(1, min(triton.cdiv(2 * sms, k * tiles), triton.cdiv(B, 256)))
+        splits = max(1, min(triton.cdiv(8 * sms, k * tiles), triton.cdiv(B, 256)))
     dw1 = _wgrad(df, x2, k, q, p, B, (1, q * B, B), sx, splits, configs.get("wgrad"), w1.dtype)
     # dw2[j] = dY[j].T @ G[j], with G[b, j, rr] = h[rr*l + j, b]
     dw2 = _wgrad(dy2, h, l, s, r, B, sdy, (1, B, l * B), splits, configs.get("wgrad"), w2.dtype)

@@ -77,11 +77,9 @@ def main(argv: list[str] | None = None) -> None:
             rows.append((what, key, type(exc).__name__, str(exc).splitlines()[0][:60]))
 
     kinds = args.kinds.split(",")
-    bound = triton_launch.GROUP_MAX_RED
     for kind in kinds:
-        # force the kernel under test: 0 sends every stage to the 2-d kernel, a huge bound
-        # every stage to the grouped one
-        triton_launch.GROUP_MAX_RED = {"stage": 0, "group": 1 << 30}.get(kind, bound)
+        # the one-block kernel everywhere when it is the one under test
+        triton_launch.GROUPED = kind != "stage"
         for cfg in get_configs(kind):
             c = {kind: cfg}
             if kind in ("group", "stage"):
@@ -121,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
                     "bwd",
                     lambda c=c: triton_launch.monarch_backward(dy, x, w1, w2, configs=c),
                 )
-    triton_launch.GROUP_MAX_RED = bound
+    triton_launch.GROUPED = True
     for path in ("fused", "two_kernel", None):
         add(
             f"autotuned, path {path or 'chosen'}",
