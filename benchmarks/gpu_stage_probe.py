@@ -62,14 +62,14 @@ def main() -> None:
         add(f"stage 2 {kernel}: h -> y permuted", lambda: stage(h, w2, y, permuted_in, y_perm))
     triton_launch.GROUPED = True
     add("stage 2: h -> y block-major", lambda: stage(h, w2, y, permuted_in, y_block))
-    add("deinterleave y (the backward's dy)", lambda: triton_launch._deinterleave(y, l, s))
+    add("transpose rows (B, s*l) -> (B, l*s)", lambda: triton_launch._transpose_rows(y, s, l))
     xb = x.view(B, k, p).transpose(0, 1)
     out = torch.empty(k, B, q, device=dev, dtype=dt)
     add("cuBLAS bmm, block-major in and out", lambda: torch.bmm(xb, w1.transpose(1, 2), out=out))
     ycopy = torch.empty_like(y)
     add("copy y", lambda: ycopy.copy_(y))
     dy = torch.randn_like(y)
-    for path in ("fused", "two_kernel"):
+    for path in ("fused", "two_kernel", "three_kernel"):
         add(f"op forward, {path}", lambda p=path: triton_launch.monarch_forward(x, w1, w2, path=p))
         add(
             f"op backward, {path}",

@@ -71,7 +71,7 @@ def check(config_set: str, direction: str) -> int:
         kinds += ("wgrad",) if direction == "backward" else ()
         for kind in kinds:
             for cfg in _configs(config_set, kind):
-                path = "fused" if kind == "fused" else "two_kernel"
+                path = {"fused": "fused", "stage": "three_kernel"}.get(kind, "two_kernel")
                 # the one-block kernel everywhere, or grouped where the output interleaves
                 triton_launch.GROUPED = kind != "stage"
                 ctx = f"{config_set} {direction} {kind} {cfg} shape {shape}"

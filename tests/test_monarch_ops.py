@@ -101,6 +101,29 @@ def test_opcheck_registration():
     torch.library.opcheck(
         torch.ops.monarch_kernels.monarch_matmul_backward.default, (dy, xs, w1s, w2s)
     )
+    # the training forward, which keeps the intermediate, and the backward that takes it
+    torch.library.opcheck(torch.ops.monarch_kernels.monarch_matmul_keep.default, (x, w1, w2))
+    _y, h = torch.ops.monarch_kernels.monarch_matmul_keep(xs, w1s, w2s)
+    torch.library.opcheck(
+        torch.ops.monarch_kernels.monarch_matmul_backward.default, (dy, xs, w1s, w2s, h)
+    )
+
+
+def test_kept_intermediate_gives_the_recomputed_gradients():
+    x, w1, w2 = make((4, 6, 5, 10, 3, (7,), "transposed"), seed=3)
+    dy = torch.randn(7, 30, dtype=torch.float64)
+    _y, h = torch.ops.monarch_kernels.monarch_matmul_keep(x, w1, w2)
+    kept = torch.ops.monarch_kernels.monarch_matmul_backward(dy, x, w1, w2, h)
+    again = torch.ops.monarch_kernels.monarch_matmul_backward(dy, x, w1, w2)
+    for a, b in zip(kept, again, strict=True):
+        torch.testing.assert_close(a, b)
+    # with grad enabled the public function takes the keeping op; without, the plain one
+    assert x.requires_grad is False
+    w1.requires_grad_()
+    y = monarch_matmul(x, w1, w2)
+    assert "monarch_matmul_keep" in type(y.grad_fn).__name__
+    with torch.no_grad():
+        assert monarch_matmul(x, w1, w2).grad_fn is None
 
 
 def test_compile_sees_one_opaque_op():

@@ -109,7 +109,7 @@ def _methods(n: int, blocks: int, device, dtype, use_compile: bool):
         fns["compile(bmm)"] = ("compiled", lambda x: compiled(x, w1, w2))
     if device.type == "cuda":
         # the op's two Triton paths forced, to find where one beats the other on this GPU
-        for path in ("fused", "two_kernel"):
+        for path in ("fused", "two_kernel", "three_kernel"):
             fns[f"op, {path} path"] = ("fused", _forced_path(path, w1, w2))
     return fns, params
 

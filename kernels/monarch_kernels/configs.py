@@ -87,13 +87,18 @@ def _cuda_configs(kind: str = "stage") -> list[triton.Config]:
         # outputs fill a 32-byte sector, J=8 half of one (its neighbour program, running
         # beside it, the other half). J*M*O <= 16K keeps the fp32 accumulators at 128
         # registers a thread for 4 warps. The first is small enough for float32 on an A100.
+        # 16-32 rows trade Hopper's wgmma (64 rows a warpgroup) for longer runs of blocks and
+        # wider output tiles, so that the intermediate is read fewer times.
         shapes = [
             (4, 64, 32, 32, 4, 2),
             (16, 64, 16, 64, 4, 2),
             (8, 64, 32, 64, 4, 2),
-            (8, 64, 16, 64, 4, 3),
             (4, 64, 64, 64, 4, 3),
             (2, 128, 64, 64, 8, 3),
+            (8, 32, 64, 64, 4, 2),
+            (16, 32, 32, 64, 4, 2),
+            (16, 16, 64, 64, 4, 2),
+            (32, 16, 32, 64, 4, 2),
         ]
         return [c for c in _group(shapes) if _fits(c, _SMEM_BYTES["cuda"])]
     if kind == "fused":
@@ -104,12 +109,16 @@ def _cuda_configs(kind: str = "stage") -> list[triton.Config]:
         # BLOCK_M is the reduction here: long K-loops favour deeper pipelines.
         shapes = [(64, 64, 64, 4, 3), (128, 64, 64, 4, 4), (128, 128, 64, 8, 3), (32, 32, 32, 4, 4)]
     else:
+        # the last three are Hopper-sized matmul tiles for wide blocks (compute-bound)
         shapes = [
             (64, 64, 32, 4, 3),
             (128, 64, 32, 4, 3),
             (128, 128, 32, 8, 3),
             (128, 64, 64, 4, 4),
             (32, 64, 64, 4, 4),
+            (128, 256, 64, 8, 3),
+            (128, 128, 64, 8, 4),
+            (256, 128, 64, 8, 3),
         ]
     cfgs = [
         triton.Config({"BLOCK_M": m, "BLOCK_O": o, "BLOCK_C": c}, num_warps=w, num_stages=s)

@@ -86,19 +86,26 @@ def _use_triton(device: torch.device) -> bool:
     return bool(_triton_state["ok"])
 
 
-def _torch_forward(x2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-    k, _q, p = w1.shape
+def _torch_forward(
+    x2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(y, h)``: the output and the feature-major intermediate ``h.T`` (k*q, B)."""
+    k, q, p = w1.shape
     l, s, r = w2.shape
     b = x2.shape[0]
     ht = torch.bmm(w1, x2.view(b, k, p).permute(1, 2, 0))  # (k, q, B); x.T is a transposed operand
     # flat row i*q + a of h.T is rr*l + j: viewed (r, l, B) and transposed, it is stage 2's operand
     yt = torch.bmm(w2, ht.view(r, l, b).transpose(0, 1))  # (l, s, B)
     # (l, s, B) -> (s, l, B) moves rows of B contiguous elements; then one 2-d transpose
-    return yt.transpose(0, 1).reshape(s * l, b).t().contiguous()
+    return yt.transpose(0, 1).reshape(s * l, b).t().contiguous(), ht.view(k * q, b)
 
 
 def _torch_backward(
-    dy2: torch.Tensor, x2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
+    dy2: torch.Tensor,
+    x2: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    h: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     k, q, p = w1.shape
     l, s, r = w2.shape
@@ -109,7 +116,8 @@ def _torch_backward(
     dx = torch.bmm(dh.transpose(1, 2), w1)  # (k, B, p)
     xv = x2.view(b, k, p).transpose(0, 1)  # (k, B, p)
     dw1 = torch.bmm(dh, xv)
-    ht = torch.bmm(w1, xv.transpose(1, 2))  # recomputed stage 1, (k, q, B)
+    # stage 1 as the forward kept it, or recomputed: (k, q, B)
+    ht = h.view(k, q, b) if h is not None else torch.bmm(w1, xv.transpose(1, 2))
     dw2 = torch.bmm(dyt, ht.view(r, l, b).permute(1, 2, 0))  # (l, s, B) @ (l, B, r)
     return dx.transpose(0, 1).reshape(b, k * p), dw1, dw2
 
@@ -125,7 +133,7 @@ def _monarch_op(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Te
         from .triton_launch import monarch_forward
 
         return monarch_forward(x2, w1, w2).view(*batch, s * l)
-    return _torch_forward(x2, w1, w2).view(*batch, s * l)
+    return _torch_forward(x2, w1, w2)[0].view(*batch, s * l)
 
 
 @_monarch_op.register_fake
@@ -134,9 +142,41 @@ def _(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], s * l)
 
 
+@torch.library.custom_op("monarch_kernels::monarch_matmul_keep", mutates_args=())
+def _monarch_keep_op(
+    x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward for training: ``(y, h)``, h the feature-major intermediate (k*q, B) that the
+    backward needs for ``dw2``. Every path but the fused one writes h anyway; keeping it
+    saves the backward a pass of stage 1 (one activation-sized tensor more held)."""
+    k, q, p, l, s, _r = _check(x, w1, w2)
+    batch = x.shape[:-1]
+    x2 = x.reshape(-1, k * p)
+    if x2.shape[0] == 0:
+        return x.new_zeros(*batch, s * l), x.new_zeros(k * q, 0)
+    if x.dtype in _TRITON_DTYPES and _use_triton(x.device):
+        from .triton_launch import monarch_forward
+
+        y, h = monarch_forward(x2, w1, w2, keep=True)
+    else:
+        y, h = _torch_forward(x2, w1, w2)
+    return y.view(*batch, s * l), h
+
+
+@_monarch_keep_op.register_fake
+def _(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    k, q, p, l, s, _r = _check(x, w1, w2)
+    rows = x.numel() // (k * p) if x.numel() else 0
+    return x.new_empty(*x.shape[:-1], s * l), x.new_empty(k * q, rows)
+
+
 @torch.library.custom_op("monarch_kernels::monarch_matmul_backward", mutates_args=())
 def _monarch_backward_op(
-    grad: torch.Tensor, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    h: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     k, _q, p, l, s, _r = _check(x, w1, w2)
     x2 = x.reshape(-1, k * p)
@@ -146,14 +186,14 @@ def _monarch_backward_op(
     if x.dtype in _TRITON_DTYPES and _use_triton(x.device):
         from .triton_launch import monarch_backward
 
-        dx, dw1, dw2 = monarch_backward(dy2, x2, w1, w2)
+        dx, dw1, dw2 = monarch_backward(dy2, x2, w1, w2, h=h)
     else:
-        dx, dw1, dw2 = _torch_backward(dy2, x2, w1, w2)
+        dx, dw1, dw2 = _torch_backward(dy2, x2, w1, w2, h)
     return dx.view(x.shape), dw1, dw2
 
 
 @_monarch_backward_op.register_fake
-def _(grad, x, w1, w2):
+def _(grad, x, w1, w2, h=None):
     # contiguous, like every real implementation's results
     return x.new_empty(x.shape), w1.new_empty(w1.shape), w2.new_empty(w2.shape)
 
@@ -174,6 +214,23 @@ torch.library.register_autograd(
 )
 
 
+def _setup_keep_context(ctx, inputs, output):
+    x, w1, w2 = inputs
+    _y, h = output
+    ctx.save_for_backward(x, w1, w2, h)
+
+
+def _backward_keep(ctx, grad, _grad_h):
+    x, w1, w2, h = ctx.saved_tensors
+    dx, dw1, dw2 = torch.ops.monarch_kernels.monarch_matmul_backward(grad, x, w1, w2, h)
+    return dx, dw1, dw2
+
+
+torch.library.register_autograd(
+    "monarch_kernels::monarch_matmul_keep", _backward_keep, setup_context=_setup_keep_context
+)
+
+
 def monarch_matmul(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
     """Monarch product of ``x`` (..., k*p) with ``w1`` (k, q, p) and ``w2`` (l, s, r).
 
@@ -185,4 +242,7 @@ def monarch_matmul(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch
     torch.Size([8, 10])
     """
     _check(x, w1, w2)
+    if torch.is_grad_enabled() and (x.requires_grad or w1.requires_grad or w2.requires_grad):
+        # keep the intermediate for the backward rather than recompute it there
+        return torch.ops.monarch_kernels.monarch_matmul_keep(x, w1, w2)[0]
     return torch.ops.monarch_kernels.monarch_matmul(x, w1, w2)

@@ -399,30 +399,32 @@ def _block_wgrad_kernel(
 
 
 @triton.jit
-def _deinterleave_kernel(
+def _transpose_rows_kernel(
     in_ptr,
     out_ptr,
     B,
-    L,
-    S,
+    P,
+    Q,
     stride_in_m,
     stride_out_m,
     BLOCK_M: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BLOCK_L: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
 ):
-    """``out[m, j*S + a] = in[m, a*L + j]``: the output permutation undone, once.
+    """``out[m, v*P + u] = in[m, u*Q + v]``: each row, read as a P x Q matrix, transposed.
 
-    Grid: (row tiles, S tiles, L tiles). The tile is read with j contiguous and written with
-    a contiguous; the compiler turns it around in shared memory. The backward reads ``dy``
-    through three kernels: one pass here saves each of them gathering it element by element.
+    With (P, Q) = (s, l) this undoes the output permutation (``dy[b, a*l + j]`` to block-major
+    ``j*s + a``, once for the backward's three readers); with (l, s) it applies it (block-major
+    stage-2 results to ``y[b, a*l + j]``). Grid: (row tiles, P tiles, Q tiles). The tile is read
+    with v contiguous and written with u contiguous; the compiler turns it around in shared
+    memory, which runs at copy speed where scattered stores from the matmul kernels do not.
     """
     offs_m = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    offs_a = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
-    offs_j = tl.program_id(2) * BLOCK_L + tl.arange(0, BLOCK_L)
+    offs_u = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_v = tl.program_id(2) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     m3 = offs_m[:, None, None]
-    a3 = offs_a[None, :, None]
-    j3 = offs_j[None, None, :]
-    mask = (m3 < B) & (a3 < S) & (j3 < L)
-    tile = tl.load(in_ptr + m3 * stride_in_m + a3 * L + j3, mask=mask)
-    tl.store(out_ptr + m3 * stride_out_m + j3 * S + a3, tile, mask=mask)
+    u3 = offs_u[None, :, None]
+    v3 = offs_v[None, None, :]
+    mask = (m3 < B) & (u3 < P) & (v3 < Q)
+    tile = tl.load(in_ptr + m3 * stride_in_m + u3 * Q + v3, mask=mask)
+    tl.store(out_ptr + m3 * stride_out_m + v3 * P + u3, tile, mask=mask)

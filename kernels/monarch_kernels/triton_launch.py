@@ -20,12 +20,17 @@ from .triton_kernels import (
     _block_group_kernel,
     _block_matmul_kernel,
     _block_wgrad_kernel,
-    _deinterleave_kernel,
     _monarch_fused_kernel,
+    _transpose_rows_kernel,
 )
 
-PATH_ENV_VAR = "MONARCH_KERNELS_PATH"  # "fused" or "two_kernel" forces a path
-PATHS = ("fused", "two_kernel")
+PATH_ENV_VAR = "MONARCH_KERNELS_PATH"  # forces one of PATHS
+# fused: one persistent kernel, intermediate in an L2 scratch; two_kernel: stage 2 writes y
+# through grouped vector stores; three_kernel: stage 2 writes block-major, then each row is
+# transposed into y. Without a forced path the forward times the last two once per shape.
+PATHS = ("fused", "two_kernel", "three_kernel")
+_TIMED_PATHS = ("two_kernel", "three_kernel")
+_path_choice: dict[tuple, str] = {}
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_BLOCKS = 65535  # grid axis 1 carries the block index
 MAX_ELEMENTS = 2**31 - 1  # row/feature offsets are computed in int32 before widening
@@ -174,15 +179,17 @@ def monarch_forward(
     path: str | None = None,
     configs: dict[str, triton.Config] | None = None,
     num_programs: int | None = None,
-) -> torch.Tensor:
-    """``(B, n) -> (B, s*l)``. ``path``: ``"fused"``, ``"two_kernel"`` or None (chosen here)."""
+    keep: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``(B, n) -> (B, s*l)``; with ``keep``, ``(y, h)``, h the feature-major intermediate
+    (k*q, B) for the backward. ``path``: one of PATHS, or None (chosen here); ``keep`` never
+    takes the fused path, which holds no whole intermediate."""
     _check(x=x2, w1=w1, w2=w2)
     k, q, p, l, s, r = _shapes(x2, w1, w2)
     configs = configs or {}
-    # The two-kernel path unless told otherwise: on an H200 it beat the fused kernel at every
-    # measured shape (kernels/README.md), whose serial walk over the blocks cannot keep
-    # enough loads in flight.
-    path = _path(path) or "two_kernel"
+    path = _path(path)
+    if path is None or (keep and path == "fused"):
+        path = _choose_path(x2, w1, w2, l)
     B = x2.shape[0]
     y = x2.new_empty(B, s * l)
     sx = (x2.stride(0), p * x2.stride(1), x2.stride(1))  # x[b, i*p + c]
@@ -206,22 +213,52 @@ def monarch_forward(
     else:
         h = x2.new_empty(k * q, B)  # feature-major intermediate, row tiles contiguous
         _stage(x2, w1, h, B, k, q, p, sx, sw1, (1, q * B, B), configs)
-        _stage(h, w2, y, B, l, s, r, (1, B, l * B), sw2, sy, configs)
+        if path == "two_kernel":
+            _stage(h, w2, y, B, l, s, r, (1, B, l * B), sw2, sy, configs)
+        else:
+            yb = x2.new_empty(B, l * s)  # yb[b, j*s + a]: coalesced along a
+            _stage(h, w2, yb, B, l, s, r, (1, B, l * B), sw2, (l * s, s, 1), configs)
+            y = _transpose_rows(yb, l, s)
+        if keep:
+            return y, h
     return y
 
 
-def _deinterleave(dy2: torch.Tensor, l: int, s: int) -> torch.Tensor:
-    """``(B, s*l)`` in the output's order ``a*l + j`` -> contiguous ``(B, l*s)``, ``j*s + a``."""
-    B = dy2.shape[0]
-    out = dy2.new_empty(B, l * s)
-    if dy2.stride(1) != 1:
-        dy2 = dy2.contiguous()
-    bl = min(64, triton.next_power_of_2(l))
-    bs = min(64, triton.next_power_of_2(s))
-    bm = max(1, 8192 // (bl * bs))
-    grid = (triton.cdiv(B, bm), triton.cdiv(s, bs), triton.cdiv(l, bl))
-    _deinterleave_kernel[grid](
-        dy2, out, B, l, s, dy2.stride(0), out.stride(0), BLOCK_M=bm, BLOCK_S=bs, BLOCK_L=bl
+def _choose_path(x2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, l: int) -> str:
+    """The faster of the two-kernel and three-kernel forward for this shape, timed once.
+
+    Which wins depends on the chip: grouped vector stores against one more pass at copy
+    speed. Like Triton's autotuner, the choice is timed on first use and kept per shape.
+    """
+    if l == 1 or interpreting():
+        return "two_kernel"  # no output permutation (or nothing to time)
+    key = (x2.shape, x2.stride(), w1.shape, w2.shape, x2.dtype, x2.device)
+    if key not in _path_choice:
+        if torch.cuda.is_current_stream_capturing():
+            return "three_kernel"  # nothing can be timed inside a graph capture
+        ms = {
+            p: triton.testing.do_bench(
+                lambda p=p: monarch_forward(x2, w1, w2, path=p), warmup=10, rep=40,
+                return_mode="median",
+            )
+            for p in _TIMED_PATHS
+        }  # fmt: skip
+        _path_choice[key] = min(ms, key=ms.get)
+    return _path_choice[key]
+
+
+def _transpose_rows(t: torch.Tensor, P: int, Q: int) -> torch.Tensor:
+    """Each row of ``t`` (B, P*Q), read as P x Q, transposed: a contiguous (B, Q*P)."""
+    B = t.shape[0]
+    out = t.new_empty(B, Q * P)
+    if t.stride(1) != 1:
+        t = t.contiguous()
+    bp = min(64, triton.next_power_of_2(P))
+    bq = min(64, triton.next_power_of_2(Q))
+    bm = max(1, 8192 // (bp * bq))
+    grid = (triton.cdiv(B, bm), triton.cdiv(P, bp), triton.cdiv(Q, bq))
+    _transpose_rows_kernel[grid](
+        t, out, B, P, Q, t.stride(0), out.stride(0), BLOCK_M=bm, BLOCK_P=bp, BLOCK_Q=bq
     )
     return out
 
@@ -250,8 +287,10 @@ def monarch_backward(
     configs: dict[str, triton.Config] | None = None,
     num_programs: int | None = None,
     splits: int | None = None,
+    h: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients ``(dx, dw1, dw2)`` for ``y = monarch(x, w1, w2)`` given ``dy``."""
+    """Gradients ``(dx, dw1, dw2)`` for ``y = monarch(x, w1, w2)`` given ``dy``; ``h``, the
+    forward's feature-major intermediate, spares recomputing it."""
     _check(dy=dy2, x=x2, w1=w1, w2=w2)
     k, q, p, l, s, r = _shapes(x2, w1, w2)
     B = x2.shape[0]
@@ -263,7 +302,11 @@ def monarch_backward(
     sms, _ = _device_info(x2.device)
     sx = (x2.stride(0), p * x2.stride(1), x2.stride(1))
     # dY[b, j, a] = dy[b, a*l + j]: put into block-major order once, for the three readers
-    dy2, sdy = _deinterleave(dy2, l, s), (l * s, s, 1)
+    # (no permutation to undo when l or s is 1)
+    if l > 1 and s > 1:
+        dy2, sdy = _transpose_rows(dy2, s, l), (l * s, s, 1)
+    else:
+        sdy = (dy2.stride(0), dy2.stride(1), l * dy2.stride(1))
     # The input gradient is the transposed Monarch product: w2[j].T, then (l r) -> (r l), then
     # w1[i].T. dF, the gradient of the flat intermediate, is kept feature-major for dw1.
     sw2t = (w2.stride(0), w2.stride(2), w2.stride(1))
@@ -280,10 +323,11 @@ def monarch_backward(
     else:
         _stage(dy2, w2, df, B, l, r, s, sdy, sw2t, (1, B, l * B), configs)
         _stage(df, w1, dx, B, k, p, q, (1, q * B, B), sw1t, sdx, configs)
-    # Stage 1 recomputed (cheaper than keeping it from the forward in the memory-bound case).
-    h = x2.new_empty(k * q, B)
-    sw1 = (w1.stride(0), w1.stride(1), w1.stride(2))
-    _stage(x2, w1, h, B, k, q, p, sx, sw1, (1, q * B, B), configs)
+    if h is None or h.stride() != (B, 1):
+        # stage 1 again, where the forward kept nothing (or something not feature-major)
+        h = x2.new_empty(k * q, B)
+        sw1 = (w1.stride(0), w1.stride(1), w1.stride(2))
+        _stage(x2, w1, h, B, k, q, p, sx, sw1, (1, q * B, B), configs)
     if splits is None:
         # Enough programs for about eight per SM (each reduction is a long, latency-bound
         # loop), but at least 256 rows of reduction each.
