@@ -239,6 +239,14 @@ def main(argv: list[str] | None = None) -> None:
             rows += run_case(n, blocks, batch, dtype, device, not args.no_compile, min_time)
     print()
     print(format_table(rows))
+    if gpu:
+        from .triton_launch import _path_choice
+
+        chosen = sorted(
+            f"x {tuple(key[0])}, w1 {tuple(key[2])}, {str(key[4])[6:]}: {path}"
+            for key, path in _path_choice.items()
+        )
+        print("\nfused op, forward path it chose:\n  " + "\n  ".join(chosen or ["none"]))
 
 
 if __name__ == "__main__":

@@ -236,14 +236,17 @@ def _choose_path(x2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, l: int) -
     if key not in _path_choice:
         if torch.cuda.is_current_stream_capturing():
             return "three_kernel"  # nothing can be timed inside a graph capture
-        ms = {
-            p: triton.testing.do_bench(
-                lambda p=p: monarch_forward(x2, w1, w2, path=p), warmup=10, rep=40,
-                return_mode="median",
-            )
-            for p in _TIMED_PATHS
-        }  # fmt: skip
-        _path_choice[key] = min(ms, key=ms.get)
+        runs = {p: (lambda p=p: monarch_forward(x2, w1, w2, path=p)) for p in _TIMED_PATHS}
+        for run in runs.values():
+            run()  # autotuning and compilation stay out of the comparison
+        # alternate rounds, fastest of each: a clock still ramping up, or another process,
+        # must not decide it
+        best = dict.fromkeys(runs, float("inf"))
+        for _ in range(3):
+            for p, run in runs.items():
+                ms = triton.testing.do_bench(run, warmup=5, rep=20, return_mode="min")
+                best[p] = min(best[p], ms)
+        _path_choice[key] = min(best, key=best.get)
     return _path_choice[key]
 
 
