@@ -16,9 +16,10 @@ from .actors import (
     endpoint,
     proc_mesh,
 )
-from .controller import CellHandle, ClusterError, Controller, connect, current, up
+from .controller import CellHandle, ClusterError, Controller, current
 from .metrics import history, log
 from .results import CellError, CellTimeout, RemoteError, UnserializableResult, ValueMesh
+from .start import connect, up
 from .targets import TargetError, parse_targets
 
 __all__ = [

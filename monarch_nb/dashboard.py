@@ -1,7 +1,7 @@
 """The scheduler's own dashboard server gets three routes:
 
 - ``/monarch``: a bokeh page of the figures in ``figures.py``, polling ``figures.json``;
-- ``/monarch/metrics.json``: the workers and ``metrics.metrics_snapshot`` (what the Jupyter
+- ``/monarch/metrics.json``: the workers and ``metrics_store.metrics_snapshot`` (what the Jupyter
   server turns into the sidebar's view);
 - ``/monarch/figures.json``: the same, as the columns of the page's data sources.
 
@@ -63,9 +63,9 @@ def payload(
     scheduler, since: float | None = None, points: int | None = None, samples: int | None = None
 ) -> dict[str, Any]:
     """The JSON served at ``/monarch/metrics.json``: the workers and the metrics store
-    (``metrics.metrics_snapshot``), with rows newer than ``since``, at most ``points`` scalar
+    (``metrics_store.metrics_snapshot``), with rows newer than ``since``, at most ``points`` scalar
     rows (evenly thinned) and the last ``samples`` telemetry samples per rank."""
-    from .metrics import metrics_snapshot
+    from .metrics_store import metrics_snapshot
 
     snapshot = metrics_snapshot(scheduler, since, points, samples)
     return {"time": time.time(), "workers": worker_rows(scheduler), "metrics": snapshot}

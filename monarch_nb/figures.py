@@ -1,7 +1,7 @@
 """The cluster's figures, shared by the scheduler's ``/monarch`` page and the notebook panel.
 
 Two layers: ``rank_view`` turns the JSON of ``/monarch/metrics.json`` (the workers as the
-scheduler sees them plus ``metrics.metrics_snapshot``) into one row per rank and one loss
+scheduler sees them plus ``metrics_store.metrics_snapshot``) into one row per rank and one loss
 series per rank, in plain Python (the Jupyter server sends the same view to the sidebar); the
 bokeh functions draw that view from ``ColumnDataSource``s, so a caller updates the data in
 place (``source.data = bar_columns(view)``) and never redraws.

@@ -21,7 +21,7 @@ from IPython.core.magic_arguments import (
     parse_argstring,
 )
 
-from . import actors, metrics, plots
+from . import actors, metrics, plots, start
 from . import controller as ctl_module
 from .controller import CellHandle, ClusterError
 from .launch import run_script
@@ -274,7 +274,7 @@ class MonarchMagics(Magics):
 
     def _cmd_up(self, args):
         ctl = self._guard(
-            lambda: ctl_module.up(
+            lambda: start.up(
                 workers=args.workers,
                 cpu=args.cpu,
                 threads=args.threads,
@@ -287,7 +287,7 @@ class MonarchMagics(Magics):
 
     def _cmd_connect(self, args):
         ctl = self._guard(
-            lambda: ctl_module.connect(
+            lambda: start.connect(
                 address=args.address,
                 scheduler_file=args.scheduler_file,
                 cluster=args.cluster,

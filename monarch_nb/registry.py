@@ -103,6 +103,9 @@ def make_entry(ctl) -> dict[str, Any]:
         "pid": pid,
         "pid_started": _process_started(pid),
         "kernel_id": kernel_id(),
+        # False where the notebook joined a cluster (%monarch connect): the sidebar then
+        # leaves its scheduler alone, since others may be using it
+        "owns_cluster": bool(getattr(ctl, "owns_cluster", True)),
     }
 
 

@@ -4,6 +4,8 @@
     GET    /monarch/api/clusters/<id>/metrics  one cluster's ranks and losses, read from its
                                                scheduler's /monarch/metrics.json
     DELETE /monarch/api/clusters/<id>          shut that cluster's scheduler (and so its workers)
+                                               down, if its notebook started it; ?forget=1
+                                               only drops the entry
                                                down and forget it
     GET    /monarch/proxy/<id>/<path>          a page of that cluster's dashboard, e.g. monarch
 
@@ -158,8 +160,24 @@ class ClusterHandler(NoBody, APIHandler):
 
     @tornado.web.authenticated
     async def delete(self, cluster_id: str):
+        """Shut a cluster that a notebook started down; ``?forget=1`` only drops the entry (a
+        cluster whose scheduler is gone). A cluster that a notebook joined is refused: other
+        notebooks or jobs may be using its scheduler."""
         entry = live_entry(cluster_id)
-        closed, message = await close_scheduler(entry["scheduler_address"])
+        address = entry["scheduler_address"]
+        if self.get_query_argument("forget", "") == "1":
+            registry.unregister(cluster_id)
+            message = f"forgot the cluster at {address}"
+            self.finish(json.dumps({"id": cluster_id, "closed": False, "message": message}))
+            return
+        if entry.get("owns_cluster", True) is False:
+            raise tornado.web.HTTPError(
+                409,
+                f"cluster {cluster_id} at {address} was joined with %monarch connect, not "
+                "started by its notebook; shut it down where it was started (%monarch down "
+                "in the notebook only leaves it)",
+            )
+        closed, message = await close_scheduler(address)
         registry.unregister(cluster_id)
         self.finish(json.dumps({"id": cluster_id, "closed": closed, "message": message}))
 

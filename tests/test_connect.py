@@ -9,6 +9,7 @@ from distributed import LocalCluster
 
 import monarch_nb
 from monarch_nb import controller as module
+from monarch_nb import registry
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +23,8 @@ def local_cluster():
 def test_connect_by_address_leaves_the_cluster_running(no_current, local_cluster):
     ctl = monarch_nb.connect(local_cluster.scheduler_address)
     assert ctl.run("rank").values() == [0, 1]
+    # the sidebar learns that this notebook joined the cluster and must not shut it down
+    assert registry.get_entry(ctl.id)["owns_cluster"] is False
     ctl.down()
     assert len(local_cluster.scheduler_info["workers"]) == 2
 

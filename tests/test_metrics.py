@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import monarch_nb
-from monarch_nb import CellError, metrics, telemetry
+from monarch_nb import CellError, metrics, metrics_store, telemetry
 from monarch_nb.telemetry import FIELDS
 
 
@@ -197,7 +197,7 @@ def test_store_stays_bounded_under_a_flood(ctl, hub):
             calls
         )
         broker = ctl.client.run_on_scheduler(_broker_length)
-        assert broker <= metrics.BROKER_KEEP
+        assert broker <= metrics_store.BROKER_KEEP
         rate = min(calls.values()) / 3.0
         print(f"flood: {rate:,.0f} log() calls/s per rank, {len(batches)} batches")
     finally:
@@ -300,7 +300,7 @@ def test_flush_sends_one_event_per_batch(recorder):
 
 
 def test_store_is_bounded_whatever_the_rate():
-    store = metrics.Store(scalar_rows=100, sample_rows=10)
+    store = metrics_store.Store(scalar_rows=100, sample_rows=10)
     for i in range(2000):
         store.add(
             {
@@ -314,7 +314,7 @@ def test_store_is_bounded_whatever_the_rate():
         )
     for rs in store.ranks.values():
         assert len(rs.scalars) == 100 and len(rs.samples) == 10
-        assert len(rs.values) == metrics.MAX_NAMES  # names are capped too
+        assert len(rs.values) == metrics_store.MAX_NAMES  # names are capped too
         assert rs.rows == rs.dropped == rs.messages
     assert store.snapshot(since=1990.0)["ranks"][0]["scalars"][-1][0] == 1998
     store.resize(scalar_rows=5)
@@ -322,8 +322,8 @@ def test_store_is_bounded_whatever_the_rate():
 
 
 def test_store_forgets_the_least_recent_rank_beyond_its_limit(monkeypatch):
-    monkeypatch.setattr(metrics, "MAX_RANKS", 3)
-    store = metrics.Store()
+    monkeypatch.setattr(metrics_store, "MAX_RANKS", 3)
+    store = metrics_store.Store()
     for rank in (0, 1, 2, 0, 3, 4):
         store.add({"rank": rank, "scalars": [[1, 1.0, {"x": rank}]]})
     assert sorted(store.ranks) == [0, 3, 4]

@@ -19,7 +19,7 @@ import tornado.web
 from tornado.httpclient import HTTPClientError
 from tornado.httpserver import HTTPServer
 
-from monarch_nb import dashboard, figures, metrics, registry
+from monarch_nb import dashboard, figures, metrics, metrics_store, registry
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
@@ -36,15 +36,23 @@ def runtime(tmp_path, monkeypatch):
     return tmp_path / "runtime"
 
 
-def fake_controller(dashboard_link="http://127.0.0.1:1/status", address="tcp://127.0.0.1:1"):
+def fake_controller(
+    dashboard_link="http://127.0.0.1:1/status", address="tcp://127.0.0.1:1", owns_cluster=True
+):
     client = SimpleNamespace(dashboard_link=dashboard_link)
     return SimpleNamespace(
-        id=uuid.uuid4().hex, client=client, scheduler_address=address, world_size=2
+        id=uuid.uuid4().hex,
+        client=client,
+        scheduler_address=address,
+        world_size=2,
+        owns_cluster=owns_cluster,
     )
 
 
-def register(dashboard_link="http://127.0.0.1:1/status", address="tcp://127.0.0.1:1") -> str:
-    ctl = fake_controller(dashboard_link, address)
+def register(
+    dashboard_link="http://127.0.0.1:1/status", address="tcp://127.0.0.1:1", owns_cluster=True
+) -> str:
+    ctl = fake_controller(dashboard_link, address, owns_cluster)
     assert registry.register(ctl) is not None
     return ctl.id
 
@@ -361,7 +369,7 @@ def scheduler(jp_asyncio_loop):
     async def start():
         s = await Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0")
         await dashboard.DashboardPlugin().start(s)
-        s.add_plugin(metrics.MetricsStore(), name=metrics.SCHEDULER_PLUGIN)
+        s.add_plugin(metrics_store.MetricsStore(), name=metrics.SCHEDULER_PLUGIN)
         for rank in (0, 1):
             s.log_event(metrics.TOPIC, batch(rank, 30))
         return s
@@ -371,9 +379,9 @@ def scheduler(jp_asyncio_loop):
     jp_asyncio_loop.run_until_complete(s.close())
 
 
-def scheduler_entry(s) -> str:
+def scheduler_entry(s, owns_cluster=True) -> str:
     port = s.http_server.port
-    return register(f"http://127.0.0.1:{port}/status", s.address)
+    return register(f"http://127.0.0.1:{port}/status", s.address, owns_cluster)
 
 
 async def test_metrics_of_a_live_cluster(jp_fetch, runtime, scheduler):
@@ -422,6 +430,27 @@ async def test_delete_closes_the_scheduler_and_forgets_it(jp_fetch, runtime, sch
     assert registry.get_entry(cluster_id) is None
     code, body = await status_of(jp_fetch, "monarch", "api", "clusters")
     assert body == {"clusters": []}
+
+
+async def test_delete_leaves_a_joined_cluster_running(jp_fetch, runtime, scheduler):
+    """A notebook that joined a cluster (%monarch connect) does not own its scheduler: the
+    sidebar refuses to shut it down, and forgetting the entry leaves it running."""
+    cluster_id = scheduler_entry(scheduler, owns_cluster=False)
+    code, body = await status_of(jp_fetch, "monarch", "api", "clusters")
+    assert body["clusters"][0]["owns_cluster"] is False
+    code, body = await status_of(
+        jp_fetch, "monarch", "api", "clusters", cluster_id, method="DELETE"
+    )
+    assert code == 409 and "%monarch connect" in body["message"], body
+    assert "shut it down where it was started" in body["message"]
+    assert scheduler.status.name == "running"
+    assert registry.get_entry(cluster_id) is not None
+    code, body = await status_of(
+        jp_fetch, "monarch", "api", "clusters", cluster_id, method="DELETE", params={"forget": "1"}
+    )
+    assert code == 200 and body["closed"] is False and "forgot" in body["message"]
+    assert registry.get_entry(cluster_id) is None
+    assert scheduler.status.name == "running"
 
 
 # -- the scheduler's routes and the shared view -----------------------------------------------

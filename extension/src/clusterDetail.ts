@@ -63,10 +63,18 @@ export class ClusterDetail extends Widget {
     if (metrics.state === 'gone') {
       this._setState('gone', metrics.message ?? 'The scheduler is gone.');
       this._shutdown.textContent = 'Forget';
+      this._shutdown.disabled = false;
+      this._shutdown.title = 'Remove it from the list';
       this._dashboard.disabled = true;
       return;
     }
     this._shutdown.textContent = 'Shut down';
+    // a joined cluster is shut down where it was started, not from here
+    const joined = this._cluster?.owns_cluster === false;
+    this._shutdown.disabled = joined;
+    this._shutdown.title = joined
+      ? 'Joined with %monarch connect: shut it down where it was started'
+      : 'Shut this cluster down';
     this._dashboard.disabled = !this._cluster?.dashboard_url;
     const n = metrics.ranks.length;
     this._setState('up', `${n} rank${n === 1 ? '' : 's'} up`);

@@ -145,7 +145,8 @@ export class MonarchSidebar extends Panel {
       return;
     }
     try {
-      await requestAPI(`clusters/${cluster.id}`, { method: 'DELETE' }, [404]);
+      const forget = gone ? '?forget=1' : '';
+      await requestAPI(`clusters/${cluster.id}${forget}`, { method: 'DELETE' }, [404]);
       closeDashboard(cluster.id);
     } catch (error) {
       await showErrorMessage('Could not shut the cluster down', error as Error);

@@ -11,6 +11,8 @@ export interface ICluster {
   pid: number;
   kernel_id: string | null;
   notebook: string | null;
+  /** False where the notebook joined the cluster (%monarch connect) rather than started it. */
+  owns_cluster?: boolean;
 }
 
 /** One rank as the scheduler and the telemetry see it. */
