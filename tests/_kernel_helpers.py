@@ -15,7 +15,7 @@ import os
 import sys
 
 # (B, k, p, q, l, s): k != l, in != out, k != sqrt(n), odd sizes that no block divides
-SHAPES = [(37, 4, 6, 5, 5, 3), (19, 2, 8, 12, 3, 5), (21, 8, 4, 6, 16, 3)]
+SHAPES = [(37, 4, 6, 5, 5, 3), (19, 2, 8, 12, 3, 5), (21, 8, 4, 6, 16, 3), (13, 5, 3, 4, 10, 3)]
 CONFIG_SETS = ("cuda", "hip-gfx942", "hip-gfx950")
 
 

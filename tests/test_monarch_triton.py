@@ -30,8 +30,9 @@ def _configs(config_set: str, kind: str):
 
 
 def _interpret(config_set: str, direction: str) -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    env.pop("MONARCH_KERNELS_CONFIGS", None)
+    # the launcher's own choices (which grouped configs fit a block count) follow the set
+    backend = "hip" if config_set.startswith("hip") else "cuda"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "MONARCH_KERNELS_CONFIGS": backend}
     proc = subprocess.run(
         [sys.executable, str(HELPER), config_set, direction],
         env=env,

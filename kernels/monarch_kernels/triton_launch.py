@@ -52,9 +52,14 @@ GROUPED = True  # False sends every stage to the one-block kernel (tuning and te
 _autotuned: dict[str, object] = {}
 
 
+def _divides_blocks(config: triton.Config, nblk: int) -> bool:
+    return nblk % config.kwargs["BLOCK_J"] == 0
+
+
 def _divides(configs: list, named_args: dict, **kwargs) -> list:
-    """Grouped configs whose BLOCK_J divides the block count (there is always J=1's kernel)."""
-    return [c for c in configs if named_args["NBLK"] % c.kwargs["BLOCK_J"] == 0]
+    """Autotuning's pruning: the grouped configs whose BLOCK_J divides the block count (the
+    launcher takes the grouped kernel only where one does)."""
+    return [c for c in configs if _divides_blocks(c, named_args["NBLK"])]
 
 
 def interpreting() -> bool:
@@ -137,20 +142,22 @@ def _device_info(device: torch.device) -> tuple[int, int]:
 def _stage(inp, w, out, B, nblk, o, c, s_in, s_w, s_out, configs) -> None:
     """One block-diagonal stage; ``s_in``/``s_out`` are (row, block, feature) strides.
 
-    Where the output's block index is the contiguous one (``y[b, a*l + j]``) and the block
-    count is even, the grouped kernel writes several blocks per program as vector stores;
-    elsewhere the one-block kernel.
+    Where the output's block index is the contiguous one (``y[b, a*l + j]``) and a grouped
+    config's ``BLOCK_J`` divides the block count, the grouped kernel writes several blocks per
+    program as vector stores; elsewhere the one-block kernel.
     """
     group = configs.get("group")
-    fits = group is None or nblk % group.kwargs["BLOCK_J"] == 0
-    if GROUPED and s_out[1] == 1 and nblk % 2 == 0 and fits:
+    fitting = [c for c in ([group] if group else get_configs("group")) if _divides_blocks(c, nblk)]
+    if GROUPED and s_out[1] == 1 and fitting:
 
         def grid(meta):
             tiles = triton.cdiv(B, meta["BLOCK_M"]) * triton.cdiv(o, meta["BLOCK_O"])
             return (tiles * (nblk // meta["BLOCK_J"]),)
 
         args = (inp, w, out, B, nblk, o, c, *s_in, *s_w, *s_out)
-        _launch("group", grid, args, group)
+        # autotuning prunes the configs that do not divide; the interpreter takes the first
+        # that does
+        _launch("group", grid, args, group or (fitting[0] if interpreting() else None))
         return
 
     def grid(meta):
