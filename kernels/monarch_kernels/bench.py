@@ -52,13 +52,17 @@ def _sync(device: torch.device) -> None:
 
 
 def time_interleaved(
-    fns: dict[str, Callable[[], object]], device: torch.device, min_time: float
+    fns: dict[str, Callable[[], object]], device: torch.device, min_time: float, calls: int = 1
 ) -> dict[str, float]:
-    """Fastest milliseconds of each function, calling them in turn for rounds until each has
-    had about ``min_time`` seconds.
+    """Fastest milliseconds per call of each function, calling them in turn for rounds until
+    each has had about ``min_time`` seconds.
 
     Interleaved rounds and the minimum, not the median: on a shared machine other processes
     only ever add time, and they should not favour whichever method ran in a quiet moment.
+    A round makes ``calls`` calls back to back between two synchronisations: with 1, the time
+    is a call's latency, host-side launch work included; with more, the host queues the next
+    call while the device runs this one, as in a training loop, and the time approaches the
+    device's.
     """
     best = dict.fromkeys(fns, float("inf"))
     spent = 0.0
@@ -67,11 +71,12 @@ def time_interleaved(
         for name, fn in fns.items():
             _sync(device)
             start = time.perf_counter()
-            fn()
+            for _ in range(calls):
+                fn()
             _sync(device)
             elapsed = time.perf_counter() - start
             spent += elapsed
-            best[name] = min(best[name], elapsed)
+            best[name] = min(best[name], elapsed / calls)
         rounds += 1
     return {name: 1e3 * t for name, t in best.items()}
 
@@ -129,7 +134,7 @@ def _forced_path(path: str, w1: torch.Tensor, w2: torch.Tensor):
     return fn
 
 
-def run_case(n, blocks, batch, dtype, device, use_compile, min_time):
+def run_case(n, blocks, batch, dtype, device, use_compile, min_time, calls=1):
     """Rows of the table for one (n, blocks, batch, dtype)."""
     elt = torch.empty((), dtype=dtype).element_size()
     flops = 2 * batch * 2 * n * (n // blocks)  # two stages of block-diagonal products
@@ -139,7 +144,7 @@ def run_case(n, blocks, batch, dtype, device, use_compile, min_time):
     x = torch.randn(batch, n, device=device, dtype=dtype)
     dy = torch.randn(batch, n, device=device, dtype=dtype)
     fns, params = _methods(n, blocks, device, dtype, use_compile)
-    calls = {}
+    fns_by_key = {}
     for name, (group, fn) in fns.items():
         ps = params[group]
 
@@ -157,12 +162,12 @@ def run_case(n, blocks, batch, dtype, device, use_compile, min_time):
             p.requires_grad_(True)
         fwd()  # warm-up: allocation, autotuning, compilation
         fwd_bwd()
-        calls[(name, "fwd")] = fwd
-        calls[(name, "f+b")] = fwd_bwd
+        fns_by_key[(name, "fwd")] = fwd
+        fns_by_key[(name, "f+b")] = fwd_bwd
     probes, work = _probes(device, dtype)
     for fn in probes.values():
         fn()
-    ms = time_interleaved({**probes, **calls}, device, min_time)
+    ms = time_interleaved({**probes, **fns_by_key}, device, min_time, calls)
     bw = work["probe", "copy"] / (ms["probe", "copy"] * 1e-3)
     rate = work["probe", "matmul"] / (ms["probe", "matmul"] * 1e-3)
     bound_s = {key: max(traffic[key] / bw, flop[key] / rate) for key in ("fwd", "f+b")}
@@ -211,6 +216,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile(bmm)")
     parser.add_argument("--min-time", type=float, default=None, help="seconds per measurement")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument(
+        "--calls",
+        type=int,
+        default=None,
+        help="calls back to back per timed round: 1 times each call's latency (launch work "
+        "included), more lets the host run ahead as in training (default 10 on a GPU, 1 on CPU)",
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -226,17 +238,20 @@ def main(argv: list[str] | None = None) -> None:
         for d in (args.dtypes or ("bfloat16,float16" if gpu else "float32")).split(",")
     ]
     min_time = args.min_time if args.min_time is not None else (0.2 if gpu else 0.5)
+    calls = args.calls if args.calls is not None else (10 if gpu else 1)
+    if calls < 1:
+        parser.error("--calls must be at least 1")
     torch.manual_seed(0)
     name = torch.cuda.get_device_name(device) if gpu else f"CPU, {torch.get_num_threads()} threads"
     print(f"device: {name}; torch {torch.__version__}")
     print(
         "bound: the memory floor (copy bandwidth) or matmul ceiling measured with each case; "
-        "%bound = bound time / time"
+        f"%bound = bound time / time; {calls} call(s) back to back per timed round"
     )
     rows = []
     for dtype in dtypes:
         for n, blocks, batch in cases:
-            rows += run_case(n, blocks, batch, dtype, device, not args.no_compile, min_time)
+            rows += run_case(n, blocks, batch, dtype, device, not args.no_compile, min_time, calls)
     print()
     print(format_table(rows))
     if gpu:
