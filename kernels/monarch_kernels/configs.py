@@ -194,11 +194,23 @@ def _parse(spec: str) -> list[triton.Config]:
     return cfgs
 
 
+_cache: dict[tuple[str, str], list[triton.Config]] = {}
+
+
 def get_configs(kind: str) -> list[triton.Config]:
-    """The configs autotuning tries for ``kind``: the override, else the active backend's."""
+    """The configs autotuning tries for ``kind``: the override, else the active backend's.
+
+    Kept per (kind, override), since launchers ask on every call."""
     if kind not in KINDS:
         raise ValueError(f"unknown kernel kind {kind!r}; expected one of {KINDS}")
     spec = os.environ.get(ENV_VAR, "").strip()
+    key = (kind, spec)
+    if key not in _cache:
+        _cache[key] = _configs_for(kind, spec)
+    return _cache[key]
+
+
+def _configs_for(kind: str, spec: str) -> list[triton.Config]:
     if spec in ("", "cuda", "hip"):
         hip = is_hip() if spec == "" else spec == "hip"
         return _hip_configs(kind) if hip else _cuda_configs(kind)
