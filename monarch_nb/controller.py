@@ -15,8 +15,6 @@ import ast
 import asyncio
 import contextlib
 import itertools
-import queue
-import signal
 import sys
 import threading
 import time
@@ -26,12 +24,12 @@ from typing import Any
 
 import cloudpickle
 
-from . import dashboard, metrics, registry, remote
+from . import dashboard, gathering, metrics, registry, remote
 from .engine import PLUGIN_NAME, EnginePlugin
 from .handles import CellHandle
 from .links import Link, RankInfo, Reader, Request, Router
 from .output import Renderer, live_sink
-from .results import CellError, CellTimeout, RemoteError, UnserializableResult, ValueMesh
+from .results import CellError, ValueMesh
 from .targets import format_ranks, parse_targets
 
 INTERRUPT_GRACE = 1.5  # seconds the ranks get to stop after an interrupt before we give up
@@ -174,13 +172,13 @@ class Controller:
                     "local_rank": link.info.local_rank,
                 }
             )
-        outcomes = self._gather(
+        outcomes = gathering.gather(
             setup, Renderer(setup.ranks), deadline=time.monotonic() + SETUP_TIMEOUT
         )
         failed = {r: ev for r, ev in outcomes.items() if ev["status"] != "ok"}
         if failed:
             rank, ev = next(iter(failed.items()))
-            raise ClusterError(f"rank {rank} failed to start its engine: {_why(ev)}")
+            raise ClusterError(f"rank {rank} failed to start its engine: {gathering.why(ev)}")
 
     # -- a worker that goes away --------------------------------------------------------------
     def _lost(self, rank: int, why: str) -> None:
@@ -291,44 +289,13 @@ class Controller:
                 self._links[rank].send(body)
         return req
 
-    def _gather(
-        self,
-        req: Request,
-        renderer: Renderer,
-        deadline: float | None = None,
-        outcomes: dict[int, dict] | None = None,
-        stop: threading.Event | None = None,
-    ) -> dict[int, dict]:
-        """Events of ``req`` until every rank is done; raises TimeoutError at ``deadline`` and
-        KeyboardInterrupt once ``stop`` is set, always between two events, so none is lost."""
-        outcomes = {} if outcomes is None else outcomes
-        try:
-            while len(outcomes) < len(req.ranks):
-                if stop is not None and stop.is_set():
-                    raise KeyboardInterrupt
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError
-                wait = 0.1 if deadline is None else min(0.1, max(0.0, deadline - time.monotonic()))
-                try:
-                    rank, ev = req.events.get(timeout=wait)
-                except queue.Empty:
-                    renderer.tick()
-                    continue
-                if ev["ev"] == "done":
-                    outcomes[rank] = ev
-                else:
-                    renderer.feed(rank, ev)
-        finally:
-            renderer.close()
-        return outcomes
-
     def _collect(self, req: Request, renderer: Renderer, timeout: float | None = None):
         """Gather a request; on Ctrl-C or timeout interrupt the ranks still running."""
         outcomes: dict[int, dict] = {}
         deadline = None if timeout is None else time.monotonic() + timeout
-        with _sigint_sets() as stop:
+        with gathering.sigint_sets() as stop:
             try:
-                self._gather(req, renderer, deadline, outcomes, stop)
+                gathering.gather(req, renderer, deadline, outcomes, stop)
                 return outcomes, None
             except KeyboardInterrupt:
                 reason = "interrupted"
@@ -338,7 +305,7 @@ class Controller:
             self._send_interrupt(running, req.id)
             stop.clear()  # a second Ctrl-C stops waiting for them
             with contextlib.suppress(KeyboardInterrupt, TimeoutError):
-                self._gather(req, renderer, time.monotonic() + INTERRUPT_GRACE, outcomes, stop)
+                gathering.gather(req, renderer, time.monotonic() + INTERRUPT_GRACE, outcomes, stop)
         return outcomes, (reason, running)
 
     def _send_interrupt(self, ranks: Iterable[int], target: str | None = None) -> None:
@@ -347,50 +314,10 @@ class Controller:
                 self._links[rank].control, {"op": "interrupt", "target": target}
             )
 
-    def _results(self, req: Request, outcomes: dict[int, dict], stopped=None, timeout=None):
-        values: dict[int, Any] = {}
-        errors: dict[int, RemoteError] = {}
-        for rank in req.ranks:
-            host = self.ranks[rank].host
-            ev = outcomes.get(rank)
-            if ev is None:
-                errors[rank] = RemoteError(
-                    rank,
-                    host,
-                    "StillRunning",
-                    "did not stop after the interrupt (stuck in a C call?); "
-                    "try %monarch interrupt again, or %monarch restart for fresh workers",
-                    [],
-                )
-            elif ev["status"] == "ok":
-                values[rank] = _unpack(rank, ev)
-            elif ev["status"] == "error":
-                errors[rank] = RemoteError(rank, host, **ev["error"])
-            else:
-                lost = ev["status"] == "lost"
-                errors[rank] = RemoteError(
-                    rank,
-                    host,
-                    "WorkerLost" if lost else "Cancelled",
-                    f"on {host}: {_why(ev)}" if lost else _why(ev),
-                    [],
-                )
-        if not errors:
-            return ValueMesh(values)
-        if stopped is None:
-            raise CellError(errors, ValueMesh(values), req.ranks)
-        reason, running = stopped
-        if reason == "timeout":
-            raise CellTimeout(
-                errors,
-                ValueMesh(values),
-                req.ranks,
-                f"the cell ran past --timeout {timeout:g} s; {format_ranks(running)} "
-                "were still running and were interrupted",
-            )
-        raise CellError(
-            errors, ValueMesh(values), req.ranks, f"interrupted {format_ranks(running)}"
-        )
+    def _settle(self, req: Request, outcomes: dict[int, dict], stopped=None, timeout=None):
+        """The outcomes as a ValueMesh, or the error that carries what did arrive."""
+        hosts = {rank: self.ranks[rank].host for rank in req.ranks}
+        return gathering.settle(req.ranks, hosts, outcomes, stopped, timeout)
 
     # -- the public API -----------------------------------------------------------------------
     def run(
@@ -429,7 +356,7 @@ class Controller:
         if not block:
             return CellHandle(self, req, renderer, timeout)
         outcomes, stopped = self._collect(req, renderer, timeout)
-        return self._results(req, outcomes, stopped, timeout)
+        return self._settle(req, outcomes, stopped, timeout)
 
     def call(self, fn, *args, targets=None, per_rank: Mapping[int, tuple] | None = None):
         """Run ``fn(engine, *args)`` in each targeted rank's thread; a ValueMesh of the returns."""
@@ -441,7 +368,7 @@ class Controller:
         else:
             req = self._submit("call", ranks, {"op": "call", "fn": cloudpickle.dumps((fn, args))})
         outcomes, stopped = self._collect(req, Renderer(ranks))
-        return self._results(req, outcomes, stopped)
+        return self._settle(req, outcomes, stopped)
 
     def targets(self, spec=None) -> list[int]:
         return parse_targets(spec, self.world_size)
@@ -512,7 +439,7 @@ class Controller:
         self.announce()
         alive = [i.rank for i in self.ranks if i.alive]
         req = self._submit("info", alive, {"op": "info"})
-        outcomes = self._gather(req, Renderer(alive), deadline=time.monotonic() + 5)
+        outcomes = gathering.gather(req, Renderer(alive), deadline=time.monotonic() + 5)
         rows = []
         now = time.time()
         for info in self.ranks:
@@ -594,42 +521,3 @@ class Controller:
     def __repr__(self) -> str:
         state = "down" if self.closed else f"{self.world_size} ranks"
         return f"<monarch_nb.Controller {state}>"
-
-
-@contextlib.contextmanager
-def _sigint_sets():
-    """While gathering on the main thread, Ctrl-C (the kernel's interrupt, SIGINT) sets an
-    Event instead of raising wherever the main thread happens to be: a KeyboardInterrupt inside
-    a library callback is swallowed, and one between taking an event and showing it loses it."""
-    stop = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-    previous = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
-    try:
-        yield stop
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _unpack(rank: int, ev: dict[str, Any]) -> Any:
-    if "value_error" in ev:
-        return UnserializableResult(rank, ev["value_error"])
-    if "value" not in ev:
-        return ev.get("info")
-    try:
-        return cloudpickle.loads(ev["value"])
-    except Exception as e:
-        return UnserializableResult(
-            rank, f"cannot unpickle on the controller: {type(e).__name__}: {e}"
-        )
-
-
-def _why(ev: dict[str, Any]) -> str:
-    if ev["status"] == "lost":
-        return f"the worker is gone: {ev.get('why', 'connection lost')}"
-    if ev["status"] == "cancelled":
-        return "cancelled before it started"
-    err = ev.get("error") or {}
-    return f"{err.get('ename')}: {err.get('evalue')}"

@@ -32,7 +32,7 @@ class CellHandle:
     def _follow(self, renderer: Renderer, timeout: float | None) -> None:
         try:
             outcomes, stopped = self._ctl._collect(self._req, renderer, timeout)
-            self._value = self._ctl._results(self._req, outcomes, stopped, timeout)
+            self._value = self._ctl._settle(self._req, outcomes, stopped, timeout)
         except BaseException as e:
             self._error = e
         finally:
