@@ -1,12 +1,13 @@
 """Autotune configurations, one function per Triton backend, and the one ``is_hip()``.
 
-Three kernel kinds share the meta-parameters ``BLOCK_M`` (batch rows), ``BLOCK_O`` (output
+Four kernel kinds share the meta-parameters ``BLOCK_M`` (batch rows), ``BLOCK_O`` (output
 features of a block) and ``BLOCK_C`` (the reduction):
 
 * ``"stage"`` — one block-diagonal stage, one block per program (``_block_matmul_kernel``),
-  for wide blocks;
-* ``"group"`` — one stage, ``BLOCK_J`` blocks per program (``_block_group_kernel``), for narrow
-  blocks: ``BLOCK_J`` is the run of consecutive output elements the permuted side writes;
+  wherever the output's features are contiguous;
+* ``"group"`` — one stage, ``BLOCK_J`` blocks per program (``_block_group_kernel``), where the
+  output interleaves the blocks (``y[b, a*l + j]``): ``BLOCK_J`` is the run of consecutive
+  outputs each thread writes with one vector store;
 * ``"fused"`` — both stages in one pass (``_monarch_fused_kernel``). Its per-program scratch
   is ``BLOCK_M x k*q`` and must stay in L2, so its ``BLOCK_M`` stays small;
 * ``"wgrad"`` — weight gradients (``_block_wgrad_kernel``); ``BLOCK_M`` is the reduction step.
