@@ -17,12 +17,8 @@ from __future__ import annotations
 import argparse
 
 import torch
-import triton
 from monarch_kernels import monarch_matmul, triton_launch
-
-
-def _ms(fn) -> float:
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+from monarch_kernels.tune import _ms
 
 
 def main() -> None:

@@ -105,7 +105,7 @@ def make_entry(ctl) -> dict[str, Any]:
         "kernel_id": kernel_id(),
         # False where the notebook joined a cluster (%monarch connect): the sidebar then
         # leaves its scheduler alone, since others may be using it
-        "owns_cluster": bool(getattr(ctl, "owns_cluster", True)),
+        "owns_cluster": bool(ctl.owns_cluster),
     }
 
 

@@ -181,6 +181,7 @@ def registered(tmp_path, monkeypatch):
         client=SimpleNamespace(dashboard_link="http://127.0.0.1:1/status"),
         scheduler_address="tcp://127.0.0.1:1",
         world_size=2,
+        owns_cluster=True,
     )
     registry.register(ctl)
     return ctl.id

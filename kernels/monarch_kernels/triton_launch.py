@@ -131,12 +131,11 @@ def _launch(kind: str, grid, args: tuple, config: triton.Config | None, **const)
     _autotuned[kind][grid](*args, **const)
 
 
-def _device_info(device: torch.device) -> tuple[int, int]:
-    """(number of SMs/CUs, L2 bytes); small stand-ins under the interpreter."""
+def _sm_count(device: torch.device) -> int:
+    """SMs (CUs on AMD) of ``device``; a small stand-in under the interpreter."""
     if device.type != "cuda":
-        return 4, 4 * 2**20
-    props = torch.cuda.get_device_properties(device)
-    return props.multi_processor_count, getattr(props, "L2_cache_size", 40 * 2**20)
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _stage(inp, w, out, B, nblk, o, c, s_in, s_w, s_out, configs) -> None:
@@ -147,8 +146,10 @@ def _stage(inp, w, out, B, nblk, o, c, s_in, s_w, s_out, configs) -> None:
     program as vector stores; elsewhere the one-block kernel.
     """
     group = configs.get("group")
-    fitting = [c for c in ([group] if group else get_configs("group")) if _divides_blocks(c, nblk)]
-    if GROUPED and s_out[1] == 1 and fitting:
+    interleaved = GROUPED and s_out[1] == 1
+    candidates = ([group] if group else get_configs("group")) if interleaved else []
+    fitting = [c for c in candidates if _divides_blocks(c, nblk)]
+    if fitting:
 
         def grid(meta):
             tiles = triton.cdiv(B, meta["BLOCK_M"]) * triton.cdiv(o, meta["BLOCK_O"])
@@ -204,7 +205,7 @@ def monarch_forward(
     sw2 = (w2.stride(0), w2.stride(1), w2.stride(2))
     sy = (y.stride(0), y.stride(1), l * y.stride(1))  # y[b, a*l + j]
     if path == "fused":
-        sms, _ = _device_info(x2.device)
+        sms = _sm_count(x2.device)
         fused_cfg = configs.get("fused")
         slot_rows = (
             fused_cfg.kwargs["BLOCK_M"]
@@ -309,7 +310,7 @@ def monarch_backward(
             f"monarch triton: grad has shape {tuple(dy2.shape)}, expected ({B}, {s * l})"
         )
     configs = configs or {}
-    sms, _ = _device_info(x2.device)
+    sms = _sm_count(x2.device)
     sx = (x2.stride(0), p * x2.stride(1), x2.stride(1))
     # dY[b, j, a] = dy[b, a*l + j]: put into block-major order once, for the three readers
     # (no permutation to undo when l or s is 1)

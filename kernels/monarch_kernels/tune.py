@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         "fwd": 2 * x.numel() * x.element_size() / bw,
         "bwd": 5 * x.numel() * x.element_size() / bw,
     }
-    sms, _ = triton_launch._device_info(dev)
+    sms = triton_launch._sm_count(dev)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU (interpreter)"
     print(f"{name}; case n={n} blocks={blocks} batch={batch} {args.dtype}")
     print(
