@@ -13,15 +13,20 @@ Global intermediates are stored feature-major, ``(k*q, B)``: a row tile of any b
 BLOCK_M contiguous elements, so the stage-1 store and the permuted stage-2 load are both
 coalesced along the batch, whatever the permutation does to the feature index.
 
+The output permutation interleaves blocks (``y[b, a*l + j]``): ``_block_group_kernel`` joins
+several blocks' tiles so that each thread stores a run of consecutive outputs, and
+``_transpose_rows_kernel`` applies (or undoes) the permutation at copy speed for the paths
+that keep data block-major.
+
 Why the fused forward uses an L2 scratch rather than registers: stage-2 block j needs element
-``rr*l + j`` of the stage-1 output for every rr, i.e. q/l elements from every stage-1 block when
-l <= q (one each in the square case). A row tile therefore needs its whole ``BLOCK_M x k*q`` intermediate before stage 2 can
-start. At width 4096 and BLOCK_M=16 that is 64K fp32 values (256 KB): more than an SM's whole
-register file, and Triton has no explicit shared-memory buffers. So each persistent program
-owns a private slot of ``BLOCK_M x k*q`` elements in global memory, writes stage 1 there,
-synchronises its threads and reads it back permuted. The slot is rewritten for every tile the
-program handles, so its lines stay resident and dirty in L2 and the intermediate costs on-chip
-traffic, not HBM traffic; the launcher takes this path only when all slots fit in L2.
+``rr*l + j`` of the stage-1 output for every rr, i.e. q/l elements from every stage-1 block
+when l <= q (one each in the square case). A row tile therefore needs its whole
+``BLOCK_M x k*q`` intermediate before stage 2 can start. At width 4096 and BLOCK_M=16 that is
+64K fp32 values (256 KB): more than an SM's whole register file, and Triton has no explicit
+shared-memory buffers. So each persistent program owns a private slot of ``BLOCK_M x k*q``
+elements in global memory, writes stage 1 there, synchronises its threads and reads it back
+permuted. It is correct on an H200 but slower than the other paths (it walks the blocks one
+after another with few loads in flight), so it runs only when ``MONARCH_KERNELS_PATH=fused``.
 """
 
 from __future__ import annotations
