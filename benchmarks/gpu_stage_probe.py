@@ -8,7 +8,8 @@ Times (``triton.testing.do_bench`` medians) for one block-diagonal stage as the 
 it: reading x and writing the feature-major intermediate (stage 1), and reading that and
 writing y in the specification's permuted order (stage 2), next to stage 2 writing a
 block-major buffer instead (coalesced along features), both with the one-block (2-d) and
-the grouped (3-d) kernel; cuBLAS bmm of the same stage and a plain copy for scale. Then a
+the grouped (3-d) kernel; the blas path's two bmm calls and its output permutation; cuBLAS
+bmm of a block-major stage and a plain copy for scale. Then a
 torch.profiler breakdown of the op's forward and backward, per kernel.
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from monarch_kernels import monarch_matmul, triton_launch
+from monarch_kernels import blas, monarch_matmul, triton_launch
 from monarch_kernels.tune import _ms
 
 
@@ -62,10 +63,19 @@ def main() -> None:
     xb = x.view(B, k, p).transpose(0, 1)
     out = torch.empty(k, B, q, device=dev, dtype=dt)
     add("cuBLAS bmm, block-major in and out", lambda: torch.bmm(xb, w1.transpose(1, 2), out=out))
+    # the blas path's pieces: its two bmm calls (batch-last), then the output permutation
+    ht = blas.stage_one(x, w1)
+    add("blas stage 1: bmm x.T -> h.T", lambda: blas.stage_one(x, w1))
+    add(
+        "blas stage 2: bmm h.T -> (l, s, B)",
+        lambda: torch.bmm(w2, ht.view(r, l, B).transpose(0, 1)),
+    )
+    yt = torch.empty(l, s, B, device=dev, dtype=dt)
+    add("batch-last (l, s, B) -> y", lambda: triton_launch._batch_last(y, yt, l, s, to_flat=True))
     ycopy = torch.empty_like(y)
     add("copy y", lambda: ycopy.copy_(y))
     dy = torch.randn_like(y)
-    for path in ("fused", "two_kernel", "three_kernel"):
+    for path in triton_launch.PATHS:
         add(f"op forward, {path}", lambda p=path: triton_launch.monarch_forward(x, w1, w2, path=p))
         add(
             f"op backward, {path}",

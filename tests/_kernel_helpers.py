@@ -85,6 +85,18 @@ def check(config_set: str, direction: str) -> int:
                     for name, a, b in zip(("dx", "dw1", "dw2"), got, grads, strict=True):
                         _close(name, a, b, ctx)
                 count += 1
+        # the BLAS path: torch.bmm for the block products, the batch-last Triton pass for the
+        # output permutation, the wgrad kernel (backward), with and without a kept intermediate
+        ctx = f"{config_set} {direction} blas shape {shape}"
+        y, h = monarch_forward(x, w1, w2, path="blas", keep=True)
+        _close("y", y, want, ctx)
+        _close("h", h, monarch_forward(x, w1, w2, path="two_kernel", keep=True)[1], ctx)
+        if direction == "backward":
+            for kept in (h, None):
+                got = monarch_backward(dy, x, w1, w2, path="blas", h=kept, splits=2)
+                for name, a, b in zip(("dx", "dw1", "dw2"), got, grads, strict=True):
+                    _close(name, a, b, f"{ctx} kept={kept is not None}")
+        count += 1
     return count
 
 

@@ -123,6 +123,23 @@ def test_every_config_compiles_for_its_gpus(config_set):
     assert compiled >= 10
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="needs compiled kernels")
+@pytest.mark.parametrize("config_set", ["cuda", "hip-gfx942", "hip-gfx950"])
+def test_permutation_kernels_compile_for_its_gpus(config_set):
+    """The two data-movement kernels (block sizes fixed by their launchers), both directions."""
+    from monarch_kernels.triton_kernels import _batch_last_kernel, _transpose_rows_kernel
+
+    for backend, arch, warp, _smem in TARGETS[config_set]:
+        for dtype in ("bf16", "fp32"):
+            for to_flat in (False, True):
+                consts = {"TO_FLAT": to_flat, "BLOCK_M": 64, "BLOCK_O": 64}
+                binary = _compile(_batch_last_kernel, consts, {}, (backend, arch, warp), dtype)
+                assert ("cubin" if backend == "cuda" else "hsaco") in binary.asm
+            consts = {"BLOCK_M": 2, "BLOCK_P": 64, "BLOCK_Q": 64}
+            binary = _compile(_transpose_rows_kernel, consts, {}, (backend, arch, warp), dtype)
+            assert ("cubin" if backend == "cuda" else "hsaco") in binary.asm
+
+
 def test_config_sets_are_distinct_and_fit_their_chip():
     from monarch_kernels.configs import _SMEM_BYTES, _cuda_configs, _fits, _hip_configs
 

@@ -113,8 +113,8 @@ def _methods(n: int, blocks: int, device, dtype, use_compile: bool):
         compiled = torch.compile(bmm_pipeline, fullgraph=True, dynamic=False)
         fns["compile(bmm)"] = ("compiled", lambda x: compiled(x, w1, w2))
     if device.type == "cuda":
-        # the op's two Triton paths forced, to find where one beats the other on this GPU
-        for path in ("fused", "two_kernel", "three_kernel"):
+        # each of the op's paths forced, to see what the op's own choice chose from
+        for path in ("fused", "two_kernel", "three_kernel", "blas"):
             fns[f"op, {path} path"] = ("fused", _forced_path(path, w1, w2))
     return fns, params
 
@@ -257,11 +257,13 @@ def main(argv: list[str] | None = None) -> None:
     if gpu:
         from .triton_launch import _path_choice
 
+        # keys: (direction, (shape, strides) of each tensor timed, dtype, device)
         chosen = sorted(
-            f"x {tuple(key[0])}, w1 {tuple(key[2])}, {str(key[4])[6:]}: {path}"
+            f"{key[0]}, {' '.join('x'.join(map(str, shape)) for shape, _ in key[1:-2])}, "
+            f"{str(key[-2])[6:]}: {path}"
             for key, path in _path_choice.items()
         )
-        print("\nfused op, forward path it chose:\n  " + "\n  ".join(chosen or ["none"]))
+        print("\nfused op, the paths it chose:\n  " + "\n  ".join(chosen or ["none"]))
 
 
 if __name__ == "__main__":

@@ -5,18 +5,11 @@
 On a GPU (CUDA or ROCm) the op runs the Triton kernels; everywhere else, or when Triton is
 absent or too old, it runs the torch path below.
 
-The torch path works "batch-last": it computes ``out.T`` (s*l, B) from ``x.T`` (n, B). In that
-orientation the ``(r l) -> (l r)`` permutation acts on the *row* index of a column-major-ish
-operand, so it is a stride that BLAS accepts as a leading dimension and is never copied:
-
-* ``x.T`` block i is ``x.view(B, k, p).permute(1, 2, 0)[i]`` (p, B), a transposed operand;
-* stage 1 writes ``h.T`` (k*q, B) contiguously; viewed as (r, l, B) and transposed it *is* the
-  stage-2 operand (l, r, B), with row stride l*B.
-
-What is left is putting ``(l, s, B)`` into the output's order: a copy of whole rows of B
-elements and one 2-d transpose, where the two-bmm pipeline copies the intermediate and then
-gathers the output with a 3-d permutation. (``bmm(..., out=strided_view)`` would skip the row
-copy, but on CPU it falls off the fast path and is slower.)
+The torch path works "batch-last" (see :mod:`monarch_kernels.blas`): the permutation between
+the stages is a leading dimension that BLAS accepts, so it is never copied. What is left is
+putting ``(l, s, B)`` into the output's order: a copy of whole rows of B elements and one 2-d
+transpose, where the two-bmm pipeline copies the intermediate and then gathers the output with
+a 3-d permutation.
 """
 
 from __future__ import annotations
@@ -25,6 +18,7 @@ import warnings
 
 import torch
 
+from . import blas
 from .reference import monarch_shapes
 
 _MIN_TRITON = (3, 0)
@@ -90,14 +84,10 @@ def _torch_forward(
     x2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(y, h)``: the output and the feature-major intermediate ``h.T`` (k*q, B)."""
-    k, q, p = w1.shape
-    l, s, r = w2.shape
-    b = x2.shape[0]
-    ht = torch.bmm(w1, x2.view(b, k, p).permute(1, 2, 0))  # (k, q, B); x.T is a transposed operand
-    # flat row i*q + a of h.T is rr*l + j: viewed (r, l, B) and transposed, it is stage 2's operand
-    yt = torch.bmm(w2, ht.view(r, l, b).transpose(0, 1))  # (l, s, B)
+    ht, yt = blas.forward_stages(x2, w1, w2)
+    l, s, b = yt.shape
     # (l, s, B) -> (s, l, B) moves rows of B contiguous elements; then one 2-d transpose
-    return yt.transpose(0, 1).reshape(s * l, b).t().contiguous(), ht.view(k * q, b)
+    return yt.transpose(0, 1).reshape(s * l, b).t().contiguous(), ht.view(-1, b)
 
 
 def _torch_backward(
@@ -107,19 +97,15 @@ def _torch_backward(
     w2: torch.Tensor,
     h: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    k, q, p = w1.shape
-    l, s, r = w2.shape
+    k, q, _p = w1.shape
+    l, s, _r = w2.shape
     b = x2.shape[0]
     dyt = dy2.t().contiguous().view(s, l, b).transpose(0, 1)  # (l, s, B): dY.T per block
-    dgt = torch.bmm(w2.transpose(1, 2), dyt)  # (l, r, B)
-    dh = dgt.transpose(0, 1).reshape(k, q, b)  # dF.T (r, l, B) == dH.T (k, q, B)
-    dx = torch.bmm(dh.transpose(1, 2), w1)  # (k, B, p)
-    xv = x2.view(b, k, p).transpose(0, 1)  # (k, B, p)
-    dw1 = torch.bmm(dh, xv)
+    dht, dx = blas.input_grads(dyt, w1, w2, strided_out=False)
     # stage 1 as the forward kept it, or recomputed: (k, q, B)
-    ht = h.view(k, q, b) if h is not None else torch.bmm(w1, xv.transpose(1, 2))
-    dw2 = torch.bmm(dyt, ht.view(r, l, b).permute(1, 2, 0))  # (l, s, B) @ (l, B, r)
-    return dx.transpose(0, 1).reshape(b, k * p), dw1, dw2
+    ht = h.view(k, q, b) if h is not None else blas.stage_one(x2, w1)
+    dw1, dw2 = blas.weight_grads(dyt, dht, x2, ht, l)
+    return dx, dw1, dw2
 
 
 @torch.library.custom_op("monarch_kernels::monarch_matmul", mutates_args=())

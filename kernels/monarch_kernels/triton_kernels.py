@@ -433,3 +433,39 @@ def _transpose_rows_kernel(
     mask = (m3 < B) & (u3 < P) & (v3 < Q)
     tile = tl.load(in_ptr + m3 * stride_in_m + u3 * Q + v3, mask=mask)
     tl.store(out_ptr + m3 * stride_out_m + v3 * P + u3, tile, mask=mask)
+
+
+@triton.jit
+def _batch_last_kernel(
+    flat_ptr,
+    blk_ptr,
+    B,
+    S,
+    L,
+    stride_flat_m,
+    stride_flat_o,
+    stride_blk_j,
+    stride_blk_a,
+    stride_blk_m,
+    TO_FLAT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_O: tl.constexpr,
+):
+    """Between batch-first ``flat[m, a*L + j]`` and batch-last, block-major ``blk[j, a, m]``.
+
+    ``TO_FLAT`` applies the output permutation to the BLAS path's stage-2 result (``yt``, see
+    ``blas.py``); otherwise it puts the output gradient into that path's order. Grid: (row
+    tiles, output-feature tiles). The flat side is contiguous along o, the block side along m;
+    the compiler turns the tile around in shared memory, so both sides are coalesced.
+    """
+    offs_m = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    offs_o = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)
+    a = offs_o // L
+    j = offs_o - a * L
+    mask = (offs_m[:, None] < B) & (offs_o[None, :] < S * L)
+    flat = flat_ptr + offs_m[:, None] * stride_flat_m + offs_o[None, :] * stride_flat_o
+    blk = blk_ptr + offs_m[:, None] * stride_blk_m + (j * stride_blk_j + a * stride_blk_a)[None, :]
+    if TO_FLAT:
+        tl.store(flat, tl.load(blk, mask=mask), mask=mask)
+    else:
+        tl.store(blk, tl.load(flat, mask=mask), mask=mask)

@@ -14,9 +14,11 @@ import os
 import torch
 import triton
 
+from . import blas
 from .configs import get_configs
 from .reference import monarch_shapes
 from .triton_kernels import (
+    _batch_last_kernel,
     _block_group_kernel,
     _block_matmul_kernel,
     _block_wgrad_kernel,
@@ -27,10 +29,13 @@ from .triton_kernels import (
 PATH_ENV_VAR = "MONARCH_KERNELS_PATH"  # forces one of PATHS
 # fused: one persistent kernel, intermediate in an L2 scratch; two_kernel: stage 2 writes y
 # through grouped vector stores; three_kernel: stage 2 writes block-major, then each row is
-# transposed into y. Without a forced path the forward times the last two once per shape.
-PATHS = ("fused", "two_kernel", "three_kernel")
-_TIMED_PATHS = ("two_kernel", "three_kernel")
-_path_choice: dict[tuple, str] = {}
+# transposed into y; blas: the block products on the vendor BLAS (cuBLAS, hipBLASLt) with the
+# middle permutation as a leading dimension, then one Triton pass for the output permutation
+# (blas.py). The backward has one Triton chain (two_kernel and three_kernel name it alike), the
+# fused kernel and blas. Without a forced path each direction times its candidates once per
+# shape.
+PATHS = ("fused", "two_kernel", "three_kernel", "blas")
+_path_choice: dict[tuple, str] = {}  # (direction, shapes, strides, dtype, device) -> path
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_BLOCKS = 65535  # grid axis 1 carries the block index
 MAX_ELEMENTS = 2**31 - 1  # row/feature offsets are computed in int32 before widening
@@ -197,7 +202,7 @@ def monarch_forward(
     configs = configs or {}
     path = _path(path)
     if path is None or (keep and path == "fused"):
-        path = _choose_path(x2, w1, w2, l)
+        path = _choose_forward_path(x2, w1, w2, l)
     B = x2.shape[0]
     y = x2.new_empty(B, s * l)
     sx = (x2.stride(0), p * x2.stride(1), x2.stride(1))  # x[b, i*p + c]
@@ -218,6 +223,11 @@ def monarch_forward(
         # Stage 1 writes flat index i*q + a; stage 2 reads element rr of block j at rr*l + j.
         strides = (*sx, *sw1, *sw2, *sy, q, 1, 1, l)
         _fused(x2, w1, w2, y, scratch, sizes, slot_rows, strides, nprog, False, fused_cfg)
+        return y
+    if path == "blas":
+        ht, yt = blas.forward_stages(x2, w1, w2)
+        _batch_last(y, yt, l, s, to_flat=True)
+        h = ht.view(k * q, B)
     else:
         h = x2.new_empty(k * q, B)  # feature-major intermediate, row tiles contiguous
         _stage(x2, w1, h, B, k, q, p, sx, sw1, (1, q * B, B), configs)
@@ -227,24 +237,45 @@ def monarch_forward(
             yb = x2.new_empty(B, l * s)  # yb[b, j*s + a]: coalesced along a
             _stage(h, w2, yb, B, l, s, r, (1, B, l * B), sw2, (l * s, s, 1), configs)
             y = _transpose_rows(yb, l, s)
-        if keep:
-            return y, h
-    return y
+    return (y, h) if keep else y
 
 
-def _choose_path(x2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, l: int) -> str:
-    """The faster of the two-kernel and three-kernel forward for this shape, timed once.
-
-    Which wins depends on the chip: grouped vector stores against one more pass at copy
-    speed. Like Triton's autotuner, the choice is timed on first use and kept per shape.
-    """
+def _choose_forward_path(x2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, l: int) -> str:
     if l == 1 or interpreting():
         return "two_kernel"  # no output permutation (or nothing to time)
-    key = (x2.shape, x2.stride(), w1.shape, w2.shape, x2.dtype, x2.device)
+    candidates = ("two_kernel", "three_kernel", "blas")
+    runs = {p: (lambda p=p: monarch_forward(x2, w1, w2, path=p)) for p in candidates}
+    return _choose("forward", (x2, w1, w2), runs, "three_kernel")
+
+
+def _choose_backward_path(dy2, x2, w1, w2, h) -> str:
+    if interpreting():
+        return "two_kernel"
+    runs = {
+        p: (lambda p=p: monarch_backward(dy2, x2, w1, w2, path=p, h=h))
+        for p in ("two_kernel", "blas")
+    }
+    return _choose("backward", (dy2, x2, w1, w2), runs, "two_kernel")
+
+
+def _choose(direction: str, tensors: tuple, runs: dict, capturing: str) -> str:
+    """The fastest of ``runs`` for this direction and shape, timed once and kept.
+
+    Which path wins depends on the chip and the shape: grouped vector stores against one more
+    pass at copy speed, Triton's block products against the vendor BLAS's. Like Triton's
+    autotuner, the choice is timed on first use and kept per shape. Inside a CUDA-graph
+    capture nothing can be timed, so a shape first seen there takes ``capturing``.
+    """
+    first = tensors[0]
+    key = (
+        direction,
+        *((tuple(t.shape), t.stride()) for t in tensors),
+        first.dtype,
+        first.device,
+    )
     if key not in _path_choice:
         if torch.cuda.is_current_stream_capturing():
-            return "three_kernel"  # nothing can be timed inside a graph capture
-        runs = {p: (lambda p=p: monarch_forward(x2, w1, w2, path=p)) for p in _TIMED_PATHS}
+            return capturing
         for run in runs.values():
             run()  # autotuning and compilation stay out of the comparison
         # alternate rounds, fastest of each: a clock still ramping up, or another process,
@@ -256,6 +287,16 @@ def _choose_path(x2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, l: int) -
                 best[p] = min(best[p], ms)
         _path_choice[key] = min(best, key=best.get)
     return _path_choice[key]
+
+
+def _batch_last(flat: torch.Tensor, blk: torch.Tensor, l: int, s: int, *, to_flat: bool) -> None:
+    """Copy between ``flat`` (B, s*l), batch-first, and ``blk`` (l, s, B), batch-last:
+    ``flat[b, a*l + j] = blk[j, a, b]``, in the direction ``to_flat`` says."""
+    B = flat.shape[0]
+    grid = (triton.cdiv(B, 64), triton.cdiv(s * l, 64))
+    _batch_last_kernel[grid](
+        flat, blk, B, s, l, *flat.stride(), *blk.stride(), TO_FLAT=to_flat, BLOCK_M=64, BLOCK_O=64
+    )
 
 
 def _transpose_rows(t: torch.Tensor, P: int, Q: int) -> torch.Tensor:
@@ -301,7 +342,8 @@ def monarch_backward(
     h: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients ``(dx, dw1, dw2)`` for ``y = monarch(x, w1, w2)`` given ``dy``; ``h``, the
-    forward's feature-major intermediate, spares recomputing it."""
+    forward's feature-major intermediate (k*q, B), spares recomputing it. ``path``: one of
+    PATHS, or None (chosen here)."""
     _check(dy=dy2, x=x2, w1=w1, w2=w2)
     k, q, p, l, s, r = _shapes(x2, w1, w2)
     B = x2.shape[0]
@@ -309,8 +351,18 @@ def monarch_backward(
         raise ValueError(
             f"monarch triton: grad has shape {tuple(dy2.shape)}, expected ({B}, {s * l})"
         )
+    if h is not None and h.stride() != (B, 1):
+        h = None  # not the forward's feature-major intermediate: recompute it
+    path = _path(path) or _choose_backward_path(dy2, x2, w1, w2, h)
     configs = configs or {}
     sms = _sm_count(x2.device)
+    if splits is None:
+        # Enough programs for about eight per SM (each reduction is a long, latency-bound
+        # loop), but at least 256 rows of reduction each.
+        tiles = max(1, (q // 64) * (p // 64))
+        splits = max(1, min(triton.cdiv(8 * sms, k * tiles), triton.cdiv(B, 256)))
+    if path == "blas":
+        return _blas_backward(dy2, x2, w1, w2, h, splits, configs.get("wgrad"))
     sx = (x2.stride(0), p * x2.stride(1), x2.stride(1))
     # dY[b, j, a] = dy[b, a*l + j]: put into block-major order once, for the three readers
     # (no permutation to undo when l or s is 1)
@@ -325,7 +377,7 @@ def monarch_backward(
     df = x2.new_empty(k * q, B)
     dx = x2.new_empty(B, k * p)
     sdx = (dx.stride(0), p, 1)
-    if (_path(path) or "two_kernel") == "fused":
+    if path == "fused":
         sizes = (B, l, r, s, k, p, q)
         # Stage A writes element rr of block j at rr*l + j; stage B reads i*q + a.
         strides = (*sdy, *sw2t, *sw1t, *sdx, 1, l, q, 1)
@@ -334,17 +386,31 @@ def monarch_backward(
     else:
         _stage(dy2, w2, df, B, l, r, s, sdy, sw2t, (1, B, l * B), configs)
         _stage(df, w1, dx, B, k, p, q, (1, q * B, B), sw1t, sdx, configs)
-    if h is None or h.stride() != (B, 1):
-        # stage 1 again, where the forward kept nothing (or something not feature-major)
+    if h is None:  # stage 1 again, where the forward kept nothing
         h = x2.new_empty(k * q, B)
         sw1 = (w1.stride(0), w1.stride(1), w1.stride(2))
         _stage(x2, w1, h, B, k, q, p, sx, sw1, (1, q * B, B), configs)
-    if splits is None:
-        # Enough programs for about eight per SM (each reduction is a long, latency-bound
-        # loop), but at least 256 rows of reduction each.
-        tiles = max(1, (q // 64) * (p // 64))
-        splits = max(1, min(triton.cdiv(8 * sms, k * tiles), triton.cdiv(B, 256)))
     dw1 = _wgrad(df, x2, k, q, p, B, (1, q * B, B), sx, splits, configs.get("wgrad"), w1.dtype)
     # dw2[j] = dY[j].T @ G[j], with G[b, j, rr] = h[rr*l + j, b]
     dw2 = _wgrad(dy2, h, l, s, r, B, sdy, (1, B, l * B), splits, configs.get("wgrad"), w2.dtype)
+    return dx, dw1, dw2
+
+
+def _blas_backward(dy2, x2, w1, w2, h, splits, wgrad_config):
+    """The backward on the vendor BLAS: dy put batch-last once (one Triton pass), the input
+    gradient's two GEMMs writing the permuted layouts through strided views, and the weight
+    gradients on the deterministic split-reduction kernel (vendor GEMMs may reduce with
+    atomics, rocBLAS by default)."""
+    k, q, p = w1.shape
+    l, s, r = w2.shape
+    B = x2.shape[0]
+    dyt = dy2.new_empty(l, s, B)
+    _batch_last(dy2, dyt, l, s, to_flat=False)
+    dht, dx = blas.input_grads(dyt, w1, w2, strided_out=True)
+    h = blas.stage_one(x2, w1).view(k * q, B) if h is None else h
+    sx = (x2.stride(0), p * x2.stride(1), x2.stride(1))
+    dw1 = _wgrad(dht, x2, k, q, p, B, (1, q * B, B), sx, splits, wgrad_config, w1.dtype)
+    # dw2[j] = dY[j].T @ G[j], with G[b, j, rr] = h[rr*l + j, b]
+    sdy = (1, s * B, B)
+    dw2 = _wgrad(dyt, h, l, s, r, B, sdy, (1, B, l * B), splits, wgrad_config, w2.dtype)
     return dx, dw1, dw2
