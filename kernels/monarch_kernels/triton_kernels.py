@@ -16,7 +16,8 @@ coalesced along the batch, whatever the permutation does to the feature index.
 The output permutation interleaves blocks (``y[b, a*l + j]``): ``_block_group_kernel`` joins
 several blocks' tiles so that each thread stores a run of consecutive outputs, and
 ``_transpose_rows_kernel`` applies (or undoes) the permutation at copy speed for the paths
-that keep data block-major.
+that keep data block-major; ``_batch_last_kernel`` does the same between ``y`` and the BLAS
+path's batch-last ``(l, s, B)``.
 
 Why the fused forward uses an L2 scratch rather than registers: stage-2 block j needs element
 ``rr*l + j`` of the stage-1 output for every rr, i.e. q/l elements from every stage-1 block
