@@ -19,6 +19,7 @@ Forward+backward moves x, y, dy, dx (and x again): 5 activations; 3x the FLOPs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -112,26 +113,29 @@ def _methods(n: int, blocks: int, device, dtype, use_compile: bool):
     if use_compile:
         compiled = torch.compile(bmm_pipeline, fullgraph=True, dynamic=False)
         fns["compile(bmm)"] = ("compiled", lambda x: compiled(x, w1, w2))
+    fns = {name: (group, fn, contextlib.nullcontext) for name, (group, fn) in fns.items()}
     if device.type == "cuda":
-        # each of the op's paths forced, to see what the op's own choice chose from
+        # each of the op's paths forced (forward and backward), to see what the op chose from
         for path in ("fused", "two_kernel", "three_kernel", "blas"):
-            fns[f"op, {path} path"] = ("fused", _forced_path(path, w1, w2))
+            fns[f"op, {path} path"] = (
+                "fused",
+                lambda x: monarch_matmul(x, w1, w2),
+                lambda path=path: _forced_path(path),
+            )
     return fns, params
 
 
-def _forced_path(path: str, w1: torch.Tensor, w2: torch.Tensor):
-    def fn(x):
-        old = os.environ.get(PATH_ENV_VAR)
-        os.environ[PATH_ENV_VAR] = path
-        try:
-            return monarch_matmul(x, w1, w2)
-        finally:
-            if old is None:
-                del os.environ[PATH_ENV_VAR]
-            else:
-                os.environ[PATH_ENV_VAR] = old
-
-    return fn
+@contextlib.contextmanager
+def _forced_path(path: str):
+    old = os.environ.get(PATH_ENV_VAR)
+    os.environ[PATH_ENV_VAR] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[PATH_ENV_VAR]
+        else:
+            os.environ[PATH_ENV_VAR] = old
 
 
 def run_case(n, blocks, batch, dtype, device, use_compile, min_time, calls=1):
@@ -145,18 +149,19 @@ def run_case(n, blocks, batch, dtype, device, use_compile, min_time, calls=1):
     dy = torch.randn(batch, n, device=device, dtype=dtype)
     fns, params = _methods(n, blocks, device, dtype, use_compile)
     fns_by_key = {}
-    for name, (group, fn) in fns.items():
+    for name, (group, fn, ctx) in fns.items():
         ps = params[group]
 
-        def fwd(fn=fn):
-            with torch.no_grad():
+        def fwd(fn=fn, ctx=ctx):
+            with torch.no_grad(), ctx():
                 return fn(x)
 
-        def fwd_bwd(fn=fn, ps=ps):
+        def fwd_bwd(fn=fn, ps=ps, ctx=ctx):
             xg = x.detach().requires_grad_()
             for p in ps:
                 p.grad = None
-            fn(xg).backward(dy)
+            with ctx():
+                fn(xg).backward(dy)
 
         for p in ps:
             p.requires_grad_(True)
