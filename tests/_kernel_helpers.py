@@ -68,10 +68,14 @@ def check(config_set: str, direction: str) -> int:
         dy = torch.randn(want.shape, generator=torch.Generator().manual_seed(100 + i))
         grads = _torch_backward(dy, x, w1, w2)
         kinds = ("fused", "stage", "group")
-        kinds += ("wgrad",) if direction == "backward" else ()
+        kinds += ("wgrad", "stage_wgrad") if direction == "backward" else ()
         for kind in kinds:
             for cfg in _configs(config_set, kind):
-                path = {"fused": "fused", "stage": "three_kernel"}.get(kind, "two_kernel")
+                # the backward's three_kernel computes weight gradients apart, its two_kernel
+                # inside the stages
+                separate = ("stage", "wgrad")
+                path = "fused" if kind == "fused" else "two_kernel"
+                path = "three_kernel" if kind in separate else path
                 # the one-block kernel everywhere, or grouped where the output interleaves
                 triton_launch.GROUPED = kind != "stage"
                 ctx = f"{config_set} {direction} {kind} {cfg} shape {shape}"

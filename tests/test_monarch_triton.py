@@ -89,6 +89,7 @@ def test_every_config_compiles_for_its_gpus(config_set):
     from monarch_kernels.triton_kernels import (
         _block_group_kernel,
         _block_matmul_kernel,
+        _block_stage_wgrad_kernel,
         _block_wgrad_kernel,
         _monarch_fused_kernel,
     )
@@ -98,6 +99,7 @@ def test_every_config_compiles_for_its_gpus(config_set):
         "group": _block_group_kernel,
         "fused": _monarch_fused_kernel,
         "wgrad": _block_wgrad_kernel,
+        "stage_wgrad": _block_stage_wgrad_kernel,
     }
     compiled = 0
     for backend, arch, warp, smem_limit in TARGETS[config_set]:
@@ -143,7 +145,7 @@ def test_permutation_kernels_compile_for_its_gpus(config_set):
 def test_config_sets_are_distinct_and_fit_their_chip():
     from monarch_kernels.configs import _SMEM_BYTES, _cuda_configs, _fits, _hip_configs
 
-    for kind in ("stage", "group", "fused", "wgrad"):
+    for kind in ("stage", "group", "fused", "wgrad", "stage_wgrad"):
         cuda, mi300, mi355 = (
             _cuda_configs(kind),
             _hip_configs(kind, "gfx942"),
@@ -152,7 +154,8 @@ def test_config_sets_are_distinct_and_fit_their_chip():
         assert cuda and mi300 and mi355
         assert all("waves_per_eu" in c.kwargs and "matrix_instr_nonkdim" in c.kwargs for c in mi300)
         assert not any("waves_per_eu" in c.kwargs for c in cuda)
-        assert all(_fits(c, _SMEM_BYTES["gfx942"]) for c in mi300)
+        resident = kind == "stage_wgrad"
+        assert all(_fits(c, _SMEM_BYTES["gfx942"], resident=resident) for c in mi300)
         assert len(mi355) >= len(mi300)
     assert all(
         c.kwargs["BLOCK_M"] <= 64 for c in _cuda_configs("fused") + _hip_configs("fused", "gfx942")

@@ -1,6 +1,6 @@
 """Autotune configurations, one function per Triton backend, and the one ``is_hip()``.
 
-Four kernel kinds share the meta-parameters ``BLOCK_M`` (batch rows), ``BLOCK_O`` (output
+Five kernel kinds share the meta-parameters ``BLOCK_M`` (batch rows), ``BLOCK_O`` (output
 features of a block) and ``BLOCK_C`` (the reduction):
 
 * ``"stage"`` — one block-diagonal stage, one block per program (``_block_matmul_kernel``),
@@ -10,7 +10,10 @@ features of a block) and ``BLOCK_C`` (the reduction):
   outputs each thread writes with one vector store;
 * ``"fused"`` — both stages in one pass (``_monarch_fused_kernel``). Its per-program scratch
   is ``BLOCK_M x k*q`` and must stay in L2, so its ``BLOCK_M`` stays small;
-* ``"wgrad"`` — weight gradients (``_block_wgrad_kernel``); ``BLOCK_M`` is the reduction step.
+* ``"wgrad"`` — weight gradients (``_block_wgrad_kernel``); ``BLOCK_M`` is the reduction step;
+* ``"stage_wgrad"`` — a backward stage and a weight gradient from the same loads, for narrow
+  blocks (``_block_stage_wgrad_kernel``): ``BLOCK_O`` and ``BLOCK_C`` must cover a whole block
+  (the launcher prunes those that do not), and the block's weights stay resident.
 
 Override with ``MONARCH_KERNELS_CONFIGS``: ``cuda`` or ``hip`` forces a backend's set, or give
 configs explicitly, ``;``-separated, e.g.
@@ -29,7 +32,7 @@ import triton
 
 ENV_VAR = "MONARCH_KERNELS_CONFIGS"
 FUSED_MAX_BLOCK_M = 64
-KINDS = ("stage", "group", "fused", "wgrad")
+KINDS = ("stage", "group", "fused", "wgrad", "stage_wgrad")
 
 # Shared memory (NVIDIA) / LDS (AMD) per SM or CU that one program may plan for.
 _SMEM_BYTES = {"cuda": 160 * 1024, "gfx942": 64 * 1024, "gfx950": 160 * 1024}
@@ -51,17 +54,22 @@ def hip_arch() -> str:
         return "gfx942"
 
 
-def _fits(cfg: triton.Config, smem_bytes: int, elt: int = 2) -> bool:
+def _fits(cfg: triton.Config, smem_bytes: int, elt: int = 2, resident: bool = False) -> bool:
     """Operand tiles of every pipeline stage must fit the chip's shared memory / LDS.
 
     A grouped config computes its blocks one after another, so it needs one block's tiles at
     a time, plus room to interleave the fp32 accumulators of its blocks on the way out.
+    ``resident``: the stage_wgrad kernel, which pipelines two row tiles (BLOCK_M x BLOCK_C and
+    BLOCK_M x BLOCK_O) and keeps a BLOCK_C x BLOCK_O weight tile.
     """
     kw = cfg.kwargs
     stages = max(cfg.num_stages, 1)
-    need = (kw["BLOCK_M"] + kw["BLOCK_O"]) * kw["BLOCK_C"] * elt * stages
+    m, o, c = kw["BLOCK_M"], kw["BLOCK_O"], kw["BLOCK_C"]
+    need = (m + o) * c * elt * stages
     if "BLOCK_J" in kw:
-        need = max(need, kw["BLOCK_J"] * kw["BLOCK_M"] * kw["BLOCK_O"] * 4)
+        need = max(need, kw["BLOCK_J"] * m * o * 4)
+    if resident:
+        need = (m * c + m * o) * elt * stages + c * o * elt
     return need <= smem_bytes
 
 
@@ -109,6 +117,17 @@ def _cuda_configs(kind: str = "stage") -> list[triton.Config]:
     elif kind == "wgrad":
         # BLOCK_M is the reduction here: long K-loops favour deeper pipelines.
         shapes = [(64, 64, 64, 4, 3), (128, 64, 64, 4, 4), (128, 128, 64, 8, 3), (32, 32, 32, 4, 4)]
+    elif kind == "stage_wgrad":
+        # a whole block per program (O = C covers it), weights resident; rows are both the
+        # stage's M and the reduction's K, so the wgrad's deep pipelines again. 128-wide blocks
+        # take 8 warps for the 128 x 128 fp32 accumulator.
+        shapes = [(64, 64, 64, 4, 3), (128, 64, 64, 4, 4), (128, 64, 64, 8, 3), (64, 32, 32, 4, 4)]
+        shapes.append((64, 128, 128, 8, 2))
+        cfgs = [
+            triton.Config({"BLOCK_M": m, "BLOCK_O": o, "BLOCK_C": c}, num_warps=w, num_stages=s)
+            for m, o, c, w, s in shapes
+        ]
+        return [c for c in cfgs if _fits(c, _SMEM_BYTES["cuda"], resident=True)]
     else:
         # the last three are Hopper-sized matmul tiles for wide blocks (compute-bound)
         shapes = [
@@ -157,6 +176,11 @@ def _hip_configs(kind: str = "stage", arch: str | None = None) -> list[triton.Co
         shapes = [(64, 64, 64, 4, 2, 2), (128, 64, 32, 4, 2, 2), (32, 32, 32, 4, 2, 2)]
         if big:
             shapes.append((128, 128, 64, 8, 2, 1))
+    elif kind == "stage_wgrad":
+        # MI300X's 64 KB: two 64-row tiles in flight and one 64 x 64 weight tile (40 KB)
+        shapes = [(64, 64, 64, 4, 2, 2), (32, 64, 64, 4, 2, 2), (64, 32, 32, 4, 2, 2)]
+        if big:
+            shapes += [(128, 64, 64, 4, 2, 1), (64, 128, 128, 8, 2, 1)]
     else:
         shapes = [(64, 64, 32, 4, 2, 2), (128, 64, 32, 4, 2, 2), (32, 64, 64, 4, 2, 2)]
         if big:
@@ -175,7 +199,8 @@ def _hip_configs(kind: str = "stage", arch: str | None = None) -> list[triton.Co
         )
         for m, o, c, w, s, wpe in shapes
     ]
-    return [c for c in cfgs if _fits(c, _SMEM_BYTES["gfx950" if big else "gfx942"])]
+    smem = _SMEM_BYTES["gfx950" if big else "gfx942"]
+    return [c for c in cfgs if _fits(c, smem, resident=kind == "stage_wgrad")]
 
 
 def _parse(spec: str) -> list[triton.Config]:

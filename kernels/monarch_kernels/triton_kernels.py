@@ -470,3 +470,100 @@ def _batch_last_kernel(
         tl.store(flat, tl.load(blk, mask=mask), mask=mask)
     else:
         tl.store(blk, tl.load(flat, mask=mask), mask=mask)
+
+
+@triton.jit
+def _block_stage_wgrad_kernel(
+    in_ptr,
+    w_ptr,
+    out_ptr,
+    other_ptr,
+    partial_ptr,
+    B,
+    NBLK,
+    NOUT,
+    NRED,
+    ROWS_PER_SPLIT,
+    stride_in_m,
+    stride_in_blk,
+    stride_in_c,
+    stride_w_blk,
+    stride_w_o,
+    stride_w_c,
+    stride_out_m,
+    stride_out_blk,
+    stride_out_o,
+    stride_other_m,
+    stride_other_blk,
+    stride_other_o,
+    stride_p_split,
+    stride_p_blk,
+    stride_p_c,
+    stride_p_o,
+    BLOCK_M: tl.constexpr,
+    BLOCK_O: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """A stage of the input gradient and a weight gradient from the same loads, for narrow
+    blocks (``NOUT <= BLOCK_O``, ``NRED <= BLOCK_C``; the launcher prunes configs that do not
+    cover them):
+
+    * ``out[m, blk, o] = sum_c in[m, blk, c] * w[blk, o, c]``, as ``_block_matmul_kernel``;
+    * ``partial[split, blk, c, o] = sum over the split's rows m of in[m, blk, c] *
+      other[m, blk, o]``, as ``_block_wgrad_kernel``.
+
+    In the backward, ``in`` is dY (then dF), ``w`` is w2 (then w1) transposed by its strides,
+    and ``other`` is the forward's intermediate (then x), whose feature is the stage's output
+    feature. Grid: (splits, NBLK). Each program keeps its block's weights resident, walks its
+    rows in a fixed order and writes its own partial: deterministic, without atomics, and the
+    gradient is read once for both products.
+    """
+    split = tl.program_id(0)
+    blk = tl.program_id(1)
+    offs_o = tl.arange(0, BLOCK_O)
+    offs_c = tl.arange(0, BLOCK_C)
+    mask_o = offs_o < NOUT
+    mask_c = offs_c < NRED
+    w = tl.load(
+        w_ptr + blk * stride_w_blk + offs_c[:, None] * stride_w_c + offs_o[None, :] * stride_w_o,
+        mask=mask_c[:, None] & mask_o[None, :],
+        other=0.0,
+    )  # (BLOCK_C, BLOCK_O): w[blk] transposed by its strides
+    row0 = split * ROWS_PER_SPLIT
+    row_end = tl.minimum(row0 + ROWS_PER_SPLIT, B)
+    acc = tl.zeros((BLOCK_C, BLOCK_O), dtype=tl.float32)
+    for m0 in range(row0, row_end, BLOCK_M):
+        offs_m = (m0 + tl.arange(0, BLOCK_M)).to(tl.int64)
+        mask_m = offs_m < row_end
+        a = tl.load(
+            in_ptr
+            + offs_m[:, None] * stride_in_m
+            + blk * stride_in_blk
+            + offs_c[None, :] * stride_in_c,
+            mask=mask_m[:, None] & mask_c[None, :],
+            other=0.0,
+        ).to(w.dtype)  # (BLOCK_M, BLOCK_C)
+        out = tl.dot(a, w, input_precision="ieee")
+        tl.store(
+            out_ptr
+            + offs_m[:, None] * stride_out_m
+            + blk * stride_out_blk
+            + offs_o[None, :] * stride_out_o,
+            out.to(out_ptr.dtype.element_ty),
+            mask=mask_m[:, None] & mask_o[None, :],
+        )
+        g = tl.load(
+            other_ptr
+            + offs_m[:, None] * stride_other_m
+            + blk * stride_other_blk
+            + offs_o[None, :] * stride_other_o,
+            mask=mask_m[:, None] & mask_o[None, :],
+            other=0.0,
+        ).to(w.dtype)  # (BLOCK_M, BLOCK_O)
+        acc = tl.dot(tl.trans(a), g, acc, input_precision="ieee")
+    p = partial_ptr + split * stride_p_split + blk * stride_p_blk
+    tl.store(
+        p + offs_c[:, None] * stride_p_c + offs_o[None, :] * stride_p_o,
+        acc,
+        mask=mask_c[:, None] & mask_o[None, :],
+    )

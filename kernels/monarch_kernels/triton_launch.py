@@ -21,6 +21,7 @@ from .triton_kernels import (
     _batch_last_kernel,
     _block_group_kernel,
     _block_matmul_kernel,
+    _block_stage_wgrad_kernel,
     _block_wgrad_kernel,
     _monarch_fused_kernel,
     _transpose_rows_kernel,
@@ -31,9 +32,10 @@ PATH_ENV_VAR = "MONARCH_KERNELS_PATH"  # forces one of PATHS
 # through grouped vector stores; three_kernel: stage 2 writes block-major, then each row is
 # transposed into y; blas: the block products on the vendor BLAS (cuBLAS, hipBLASLt) with the
 # middle permutation as a leading dimension, then one Triton pass for the output permutation
-# (blas.py). The backward has one Triton chain (two_kernel and three_kernel name it alike), the
-# fused kernel and blas. Without a forced path each direction times its candidates once per
-# shape.
+# (blas.py). In the backward, two_kernel is the Triton chain with each weight gradient computed
+# in the stage that reads the same gradient (narrow blocks; elsewhere it is three_kernel),
+# three_kernel the chain with separate weight-gradient kernels, fused the fused input-gradient
+# kernel. Without a forced path each direction times its candidates once per shape.
 PATHS = ("fused", "two_kernel", "three_kernel", "blas")
 _path_choice: dict[tuple, str] = {}  # (direction, shapes, strides, dtype, device) -> path
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -46,12 +48,14 @@ _KEYS = {
     "group": ["B", "NBLK", "NOUT", "NRED", "stride_in_m", "stride_out_blk"],
     "fused": ["B", "K1", "O1", "C1", "K2", "O2", "C2", "FULL_SCRATCH"],
     "wgrad": ["B", "NBLK", "NOUT", "NRED"],
+    "stage_wgrad": ["B", "NBLK", "NOUT", "NRED", "stride_in_m", "stride_out_m"],
 }
 _KERNELS = {
     "stage": _block_matmul_kernel,
     "group": _block_group_kernel,
     "fused": _monarch_fused_kernel,
     "wgrad": _block_wgrad_kernel,
+    "stage_wgrad": _block_stage_wgrad_kernel,
 }
 GROUPED = True  # False sends every stage to the one-block kernel (tuning and tests)
 _autotuned: dict[str, object] = {}
@@ -65,6 +69,15 @@ def _divides(configs: list, named_args: dict, **kwargs) -> list:
     """Autotuning's pruning: the grouped configs whose BLOCK_J divides the block count (the
     launcher takes the grouped kernel only where one does)."""
     return [c for c in configs if _divides_blocks(c, named_args["NBLK"])]
+
+
+def _covers(config: triton.Config, nout: int, nred: int) -> bool:
+    return config.kwargs["BLOCK_O"] >= nout and config.kwargs["BLOCK_C"] >= nred
+
+
+def _covering(configs: list, named_args: dict, **kwargs) -> list:
+    """Autotuning's pruning for stage_wgrad: the configs whose tile holds a whole block."""
+    return [c for c in configs if _covers(c, named_args["NOUT"], named_args["NRED"])]
 
 
 def interpreting() -> bool:
@@ -129,7 +142,8 @@ def _launch(kind: str, grid, args: tuple, config: triton.Config | None, **const)
         kernel[grid(config.kwargs)](*args, **const, **config.all_kwargs())
         return
     if kind not in _autotuned:
-        prune = {"early_config_prune": _divides} if kind == "group" else None
+        prune = {"group": _divides, "stage_wgrad": _covering}.get(kind)
+        prune = {"early_config_prune": prune} if prune else None
         _autotuned[kind] = triton.autotune(
             configs=get_configs(kind), key=_KEYS[kind], prune_configs_by=prune
         )(kernel)
@@ -251,9 +265,12 @@ def _choose_forward_path(x2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, l
 def _choose_backward_path(dy2, x2, w1, w2, h) -> str:
     if interpreting():
         return "two_kernel"
+    (_k, q, p), (_l, s, r) = w1.shape, w2.shape
+    fusable = bool(_stage_wgrad_configs(None, (r, s), (p, q)))
+    candidates = ("two_kernel", "three_kernel", "blas") if fusable else ("two_kernel", "blas")
     runs = {
-        p: (lambda p=p: monarch_backward(dy2, x2, w1, w2, path=p, h=h))
-        for p in ("two_kernel", "blas")
+        path: (lambda path=path: monarch_backward(dy2, x2, w1, w2, path=path, h=h))
+        for path in candidates
     }
     return _choose("backward", (dy2, x2, w1, w2), runs, "two_kernel")
 
@@ -329,6 +346,26 @@ def _wgrad(a, b, nblk, o, c, B, s_a, s_b, splits, config, dtype) -> torch.Tensor
     return partial.sum(0).to(dtype)
 
 
+def _stage_wgrad_configs(config, *blocks: tuple[int, int]) -> list:
+    """The stage_wgrad configs (``config`` or the backend's) whose tile holds every
+    ``(nout, nred)`` block given; empty where the blocks are too wide to fuse."""
+    candidates = [config] if config else get_configs("stage_wgrad")
+    return [c for c in candidates if all(_covers(c, o, r) for o, r in blocks)]
+
+
+def _stage_wgrad(inp, w, out, other, sizes, strides, splits, config, dtype) -> torch.Tensor:
+    """``out = stage(inp, w)`` and, from the same loads, ``sum over rows of inp outer other``
+    -> ``(nblk, c, o)`` in ``dtype``, deterministic (split partials summed afterwards)."""
+    B, nblk, o, c = sizes
+    partial = torch.empty(splits, nblk, c, o, device=inp.device, dtype=torch.float32)
+    args = (inp, w, out, other, partial, B, nblk, o, c, triton.cdiv(B, splits))
+    args += (*strides, *partial.stride())
+    if config is None and interpreting():
+        config = _stage_wgrad_configs(None, (o, c))[0]
+    _launch("stage_wgrad", lambda meta: (splits, nblk), args, config)
+    return partial.sum(0).to(dtype)
+
+
 def monarch_backward(
     dy2: torch.Tensor,
     x2: torch.Tensor,
@@ -356,11 +393,15 @@ def monarch_backward(
     path = _path(path) or _choose_backward_path(dy2, x2, w1, w2, h)
     configs = configs or {}
     sms = _sm_count(x2.device)
+    # the weight gradients fold into the stages where a tile holds a whole block
+    fuse = path == "two_kernel" and bool(
+        _stage_wgrad_configs(configs.get("stage_wgrad"), (r, s), (p, q))
+    )
     if splits is None:
         # Enough programs for about eight per SM (each reduction is a long, latency-bound
         # loop), but at least 256 rows of reduction each.
-        tiles = max(1, (q // 64) * (p // 64))
-        splits = max(1, min(triton.cdiv(8 * sms, k * tiles), triton.cdiv(B, 256)))
+        tiles = 1 if fuse else max(1, (q // 64) * (p // 64))
+        splits = max(1, min(triton.cdiv(8 * sms, max(k, l) * tiles), triton.cdiv(B, 256)))
     if path == "blas":
         return _blas_backward(dy2, x2, w1, w2, h, splits, configs.get("wgrad"))
     sx = (x2.stride(0), p * x2.stride(1), x2.stride(1))
@@ -377,6 +418,19 @@ def monarch_backward(
     df = x2.new_empty(k * q, B)
     dx = x2.new_empty(B, k * p)
     sdx = (dx.stride(0), p, 1)
+    if h is None:  # stage 1 again, where the forward kept nothing
+        h = x2.new_empty(k * q, B)
+        sw1 = (w1.stride(0), w1.stride(1), w1.stride(2))
+        _stage(x2, w1, h, B, k, q, p, sx, sw1, (1, q * B, B), configs)
+    if fuse:
+        cfg = configs.get("stage_wgrad")
+        # dF = dY w2[j] (intermediate order) with dw2[j] = dY[j].T G[j], G[b, j, rr] =
+        # h[rr*l + j, b]; then dx = dF w1[i] with dw1[i] = dF[i].T x[i]
+        strides = (*sdy, *sw2t, 1, B, l * B, 1, B, l * B)
+        dw2 = _stage_wgrad(dy2, w2, df, h, (B, l, r, s), strides, splits, cfg, w2.dtype)
+        strides = (1, q * B, B, *sw1t, *sdx, *sx)
+        dw1 = _stage_wgrad(df, w1, dx, x2, (B, k, p, q), strides, splits, cfg, w1.dtype)
+        return dx, dw1, dw2
     if path == "fused":
         sizes = (B, l, r, s, k, p, q)
         # Stage A writes element rr of block j at rr*l + j; stage B reads i*q + a.
@@ -386,10 +440,6 @@ def monarch_backward(
     else:
         _stage(dy2, w2, df, B, l, r, s, sdy, sw2t, (1, B, l * B), configs)
         _stage(df, w1, dx, B, k, p, q, (1, q * B, B), sw1t, sdx, configs)
-    if h is None:  # stage 1 again, where the forward kept nothing
-        h = x2.new_empty(k * q, B)
-        sw1 = (w1.stride(0), w1.stride(1), w1.stride(2))
-        _stage(x2, w1, h, B, k, q, p, sx, sw1, (1, q * B, B), configs)
     dw1 = _wgrad(df, x2, k, q, p, B, (1, q * B, B), sx, splits, configs.get("wgrad"), w1.dtype)
     # dw2[j] = dY[j].T @ G[j], with G[b, j, rr] = h[rr*l + j, b]
     dw2 = _wgrad(dy2, h, l, s, r, B, sdy, (1, B, l * B), splits, configs.get("wgrad"), w2.dtype)

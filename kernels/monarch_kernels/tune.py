@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", default="4096:64:16384", help="n:blocks:batch")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--kinds", default="group,stage,fused,wgrad")
+    parser.add_argument("--kinds", default="group,stage,fused,wgrad,stage_wgrad")
     args = parser.parse_args(argv)
     n, blocks, batch = (int(v) for v in args.case.split(":"))
     dtype = getattr(torch, args.dtype)
@@ -117,10 +117,17 @@ def main(argv: list[str] | None = None) -> None:
                     ),
                 )
             else:
+                # wgrad apart from the stages (three_kernel), or inside them (two_kernel),
+                # where the config's tile holds a whole block
+                if kind == "stage_wgrad" and not triton_launch._covers(cfg, bs, bs):
+                    continue
+                path = "three_kernel" if kind == "wgrad" else "two_kernel"
                 add(
-                    f"wgrad {_fmt(cfg)}",
+                    f"{kind} {_fmt(cfg)}",
                     "bwd",
-                    lambda c=c: triton_launch.monarch_backward(dy, x, w1, w2, configs=c),
+                    lambda c=c, p=path: triton_launch.monarch_backward(
+                        dy, x, w1, w2, path=p, configs=c
+                    ),
                 )
     triton_launch.GROUPED = True
     for path in (*triton_launch.PATHS, None):
