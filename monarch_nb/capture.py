@@ -9,6 +9,7 @@ flood of prints becomes a few large messages rather than one message per line.
 
 from __future__ import annotations
 
+import collections
 import io
 import sys
 import threading
@@ -89,11 +90,19 @@ def _last_segment(text: str) -> str:
 
 
 class Outbox:
-    """Ordered events for one controller; ``wake(urgent)`` asks the event loop to drain it."""
+    """Ordered events for one controller; ``wake(urgent)`` asks the event loop to drain it.
+
+    A cell's thread can be interrupted at any bytecode (the engine raises KeyboardInterrupt in
+    it asynchronously), so on that thread ``write`` and ``emit`` only append to a queue, one
+    atomic step: a write is either queued whole or not at all. Turning writes into lines, which
+    updates two structures, happens when the queue is absorbed: by the flusher thread, or by the
+    cell's thread once user code has ended (``end_cell``, the reply), where no interrupt lands.
+    """
 
     def __init__(self, wake: Callable[[bool], None]):
         self._wake = wake
         self._lock = threading.Lock()
+        self._queue: collections.deque[tuple] = collections.deque()
         self._events: list[dict[str, Any]] = []
         self._partial: dict[tuple[str, str], str] = {}
         self._progress_dirty = False
@@ -101,7 +110,28 @@ class Outbox:
         self._scheduled = False
 
     def write(self, cell_id: str, name: str, s: str) -> None:
+        self._queue.append((cell_id, name, s))
+        self._schedule(False)
+
+    def emit(self, event: dict[str, Any], urgent: bool = False) -> None:
+        self._queue.append((event,))
+        self._schedule(urgent)
+
+    def _schedule(self, urgent: bool) -> None:
         with self._lock:
+            wake = urgent or not self._scheduled
+            self._scheduled = True
+        if wake:
+            self._wake(urgent)
+
+    def _absorb_locked(self) -> None:
+        """Move the queued writes and events, in order, into lines and events."""
+        while self._queue:
+            item = self._queue.popleft()
+            if len(item) == 1:
+                self._events.append(item[0])
+                continue
+            cell_id, name, s = item
             key = (cell_id, name)
             buf = self._partial.get(key, "") + s
             if "\n" in buf:
@@ -113,10 +143,6 @@ class Outbox:
             self._partial[key] = buf
             if buf:
                 self._progress_dirty = True
-            wake = not self._scheduled
-            self._scheduled = True
-        if wake:
-            self._wake(False)
 
     def _add_lines(self, cell_id: str, name: str, lines: list[str]) -> None:
         last = self._events[-1] if self._events else None
@@ -126,24 +152,19 @@ class Outbox:
             self._events.append({"ev": "stream", "id": cell_id, "name": name, "lines": lines})
 
     def end_cell(self, cell_id: str) -> None:
-        """Send what the cell printed without a final newline as a last line."""
+        """Send what the cell printed without a final newline as a last line. Called on the
+        cell's thread after its user code has ended."""
         with self._lock:
+            self._absorb_locked()
             for name in ("stdout", "stderr"):
                 rest = self._partial.pop((cell_id, name), "")
                 if rest:
                     self._add_lines(cell_id, name, [_last_segment(rest)])
 
-    def emit(self, event: dict[str, Any], urgent: bool = False) -> None:
-        with self._lock:
-            self._events.append(event)
-            wake = urgent or not self._scheduled
-            self._scheduled = True
-        if wake:
-            self._wake(urgent)
-
     def drain(self) -> tuple[list[dict[str, Any]], bool]:
         """The events to send now, and whether to drain again soon (a progress line waits)."""
         with self._lock:
+            self._absorb_locked()
             events, self._events = self._events, []
             again = False
             if self._progress_dirty:

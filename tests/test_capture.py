@@ -1,0 +1,94 @@
+"""The worker's output capture under the engine's asynchronous interrupts.
+
+The engine stops a cell by raising KeyboardInterrupt in its thread (``PyThreadState_SetAsyncExc``),
+which can land at any bytecode, including inside the capture's own code. What reaches the
+controller must then be exactly what the cell printed: each write whole or not at all, never
+twice, in order.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+
+from monarch_nb.capture import Outbox
+
+PRINTS = 20_000
+
+
+def _pieces() -> list[str]:
+    # what print('flood', i) writes: separate pieces, the newline last
+    return [p for i in range(PRINTS) for p in (f"flood{i} ", str(i), "\n")]
+
+
+def _received(outbox: Outbox) -> str:
+    outbox.end_cell("c")
+    events, _ = outbox.drain()
+    lines = [line for ev in events if ev["ev"] == "stream" for line in ev["lines"]]
+    return "".join(line + "\n" for line in lines)
+
+
+def _interrupt(ident: int) -> None:
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt)
+    )
+
+
+def test_writes_interrupted_at_any_bytecode_arrive_once_and_in_order():
+    pieces = _pieces()
+    outbox = Outbox(lambda urgent: None)
+    attempted: list[int] = []  # indices of pieces handed to write(), in order
+    returned: set[int] = set()  # those whose write() came back normally
+    done, quiet = threading.Event(), threading.Event()
+
+    def cell() -> None:
+        k = 0
+        while k < len(pieces):
+            try:
+                while k < len(pieces):
+                    attempted.append(k)
+                    outbox.write("c", "stdout", pieces[k])
+                    returned.add(k)
+                    k += 1
+            except KeyboardInterrupt:
+                k += 1  # the interrupted print goes on with its next piece
+        while True:  # stay until the interrupts have stopped, then drop one still pending
+            try:
+                done.set()
+                quiet.wait()
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(threading.get_ident()), None
+                )
+                return
+            except KeyboardInterrupt:
+                continue
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # interleave the threads as finely as the interpreter allows
+    try:
+        thread = threading.Thread(target=cell)
+        thread.start()
+        interrupts = 0
+        while not done.is_set():
+            _interrupt(thread.ident)
+            interrupts += 1
+        quiet.set()
+        thread.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert interrupts > 100 and len(returned) < len(pieces)  # the interrupts did land
+
+    # The text received is the attempted pieces in order, each at most once, with every piece
+    # whose write() returned among them.
+    text = _received(outbox)
+    pos = 0
+    for k in dict.fromkeys(attempted):
+        piece = pieces[k]
+        if text.startswith(piece, pos):
+            pos += len(piece)
+        else:
+            assert k not in returned, f"piece {k} ({piece!r}) was written but is missing"
+    # (end_cell ends a last line cut before its newline)
+    rest = text[pos:]
+    assert rest in ("", "\n"), f"text not from the pieces, once each, at {rest[:60]!r}"
