@@ -9,6 +9,7 @@ twice, in order.
 from __future__ import annotations
 
 import ctypes
+import gc
 import sys
 import threading
 
@@ -66,6 +67,10 @@ def test_writes_interrupted_at_any_bytecode_arrive_once_and_in_order():
 
     old = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)  # interleave the threads as finely as the interpreter allows
+    # no collection while interrupts fly: a finaliser of earlier tests' garbage would run on
+    # the writing thread and take the interrupt meant for the capture
+    gc.collect()
+    gc.disable()
     try:
         thread = threading.Thread(target=cell)
         thread.start()
@@ -76,6 +81,7 @@ def test_writes_interrupted_at_any_bytecode_arrive_once_and_in_order():
         quiet.set()
         thread.join()
     finally:
+        gc.enable()
         sys.setswitchinterval(old)
     assert interrupts > 100 and len(returned) < len(pieces)  # the interrupts did land
 
