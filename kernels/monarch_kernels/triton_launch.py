@@ -255,9 +255,10 @@ def monarch_forward(
 
 
 def _choose_forward_path(x2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, l: int) -> str:
-    if l == 1 or interpreting():
-        return "two_kernel"  # no output permutation (or nothing to time)
-    candidates = ("two_kernel", "three_kernel", "blas")
+    if interpreting():
+        return "two_kernel"  # nothing to time
+    # with one output block there is no output permutation: three_kernel is two_kernel
+    candidates = ("two_kernel", "blas") if l == 1 else ("two_kernel", "three_kernel", "blas")
     runs = {p: (lambda p=p: monarch_forward(x2, w1, w2, path=p)) for p in candidates}
     return _choose("forward", (x2, w1, w2), runs, "three_kernel")
 
