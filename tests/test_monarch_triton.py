@@ -197,3 +197,62 @@ def test_launcher_refuses_bad_input():
         triton_launch.monarch_forward(x, w1, w2)
     with pytest.raises(ValueError, match="expected x"):
         triton_launch._shapes(torch.randn(4, 13), w1, w2)
+
+
+def test_path_choice_times_each_direction_once_per_shape(monkeypatch):
+    """The chooser's bookkeeping, with ``do_bench`` (which needs a GPU) answered by a table of
+    times: the fastest candidate wins, is kept per (direction, shape), and a shape first seen
+    inside a graph capture takes the fixed path without being remembered."""
+    import torch
+    from monarch_kernels import triton_launch
+
+    times = {"two_kernel": 3.0, "three_kernel": 1.0, "blas": 2.0}
+    made = []
+
+    def bench(fn, **kwargs):
+        fn()
+        return times[fn.path]
+
+    def runs(paths):
+        def make():
+            made.append(paths)
+            out = {}
+            for p in paths:
+                out[p] = lambda: None
+                out[p].path = p
+            return out
+
+        return make
+
+    capturing = [False]
+    monkeypatch.setattr(triton.testing, "do_bench", bench)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    monkeypatch.setattr(triton_launch, "_path_choice", {})
+    x = torch.randn(4, 8)
+    all3 = runs(("two_kernel", "three_kernel", "blas"))
+    assert triton_launch._choose("forward", (x,), all3, "two_kernel") == "three_kernel"
+    assert triton_launch._choose("forward", (x,), all3, "two_kernel") == "three_kernel"
+    assert len(made) == 1  # timed once
+    two = runs(("two_kernel", "blas"))
+    assert triton_launch._choose("backward", (x,), two, "two_kernel") == "blas"  # apart
+    capturing[0] = True
+    assert triton_launch._choose("forward", (x.t(),), all3, "two_kernel") == "two_kernel"
+    assert len(made) == 2 and len(triton_launch._path_choice) == 2  # nothing timed or kept
+
+    # the candidates: three_kernel only where it differs from two_kernel
+    seen = []
+    monkeypatch.setattr(triton_launch, "interpreting", lambda: False)
+    monkeypatch.setattr(
+        triton_launch, "_choose", lambda d, ts, make, cap: seen.append((d, sorted(make())))
+    )
+    narrow, wide = torch.randn(2, 4, 4), torch.randn(2, 256, 256)
+    triton_launch._choose_forward_path(x, narrow, narrow, 2)
+    triton_launch._choose_forward_path(x, narrow, narrow, 1)
+    triton_launch._choose_backward_path(x, x, narrow, narrow, None)
+    triton_launch._choose_backward_path(x, x, wide, wide, None)
+    assert seen == [
+        ("forward", ["blas", "three_kernel", "two_kernel"]),
+        ("forward", ["blas", "two_kernel"]),  # one output block: no output permutation
+        ("backward", ["blas", "three_kernel", "two_kernel"]),
+        ("backward", ["blas", "two_kernel"]),  # too wide to fuse the weight gradients
+    ]

@@ -257,27 +257,35 @@ def monarch_forward(
 def _choose_forward_path(x2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, l: int) -> str:
     if interpreting():
         return "two_kernel"  # nothing to time
-    # with one output block there is no output permutation: three_kernel is two_kernel
-    candidates = ("two_kernel", "blas") if l == 1 else ("two_kernel", "three_kernel", "blas")
-    runs = {p: (lambda p=p: monarch_forward(x2, w1, w2, path=p)) for p in candidates}
+
+    def runs() -> dict:
+        # with one output block there is no output permutation: three_kernel is two_kernel
+        paths = ("two_kernel", "blas") if l == 1 else ("two_kernel", "three_kernel", "blas")
+        return {p: (lambda p=p: monarch_forward(x2, w1, w2, path=p)) for p in paths}
+
     return _choose("forward", (x2, w1, w2), runs, "three_kernel")
 
 
 def _choose_backward_path(dy2, x2, w1, w2, h) -> str:
     if interpreting():
         return "two_kernel"
-    (_k, q, p), (_l, s, r) = w1.shape, w2.shape
-    fusable = bool(_stage_wgrad_configs(None, (r, s), (p, q)))
-    candidates = ("two_kernel", "three_kernel", "blas") if fusable else ("two_kernel", "blas")
-    runs = {
-        path: (lambda path=path: monarch_backward(dy2, x2, w1, w2, path=path, h=h))
-        for path in candidates
-    }
+
+    def runs() -> dict:
+        # three_kernel differs from two_kernel only where the weight gradients can fuse
+        (_k, q, p), (_l, s, r) = w1.shape, w2.shape
+        fusable = bool(_stage_wgrad_configs(None, (r, s), (p, q)))
+        paths = ("two_kernel", "three_kernel", "blas") if fusable else ("two_kernel", "blas")
+        return {
+            path: (lambda path=path: monarch_backward(dy2, x2, w1, w2, path=path, h=h))
+            for path in paths
+        }
+
     return _choose("backward", (dy2, x2, w1, w2), runs, "two_kernel")
 
 
-def _choose(direction: str, tensors: tuple, runs: dict, capturing: str) -> str:
-    """The fastest of ``runs`` for this direction and shape, timed once and kept.
+def _choose(direction: str, tensors: tuple, make_runs, capturing: str) -> str:
+    """The fastest of the runs ``make_runs()`` gives, for this direction and shape, timed once
+    and kept.
 
     Which path wins depends on the chip and the shape: grouped vector stores against one more
     pass at copy speed, Triton's block products against the vendor BLAS's. Like Triton's
@@ -294,6 +302,7 @@ def _choose(direction: str, tensors: tuple, runs: dict, capturing: str) -> str:
     if key not in _path_choice:
         if torch.cuda.is_current_stream_capturing():
             return capturing
+        runs = make_runs()
         for run in runs.values():
             run()  # autotuning and compilation stay out of the comparison
         # alternate rounds, fastest of each: a clock still ramping up, or another process,
