@@ -12,6 +12,7 @@ import ctypes
 import gc
 import sys
 import threading
+import time
 
 from monarch_nb.capture import Outbox
 
@@ -41,12 +42,15 @@ def test_writes_interrupted_at_any_bytecode_arrive_once_and_in_order():
     outbox = Outbox(lambda urgent: None)
     attempted: list[int] = []  # indices of pieces handed to write(), in order
     returned: set[int] = set()  # those whose write() came back normally
-    done, quiet = threading.Event(), threading.Event()
+    # plain flags, not threading.Event: an interrupt inside an Event's own lock handling would
+    # break the Event, not the capture
+    state = {"ready": False, "done": False, "quiet": False}
 
     def cell() -> None:
         k = 0
         while k < len(pieces):
             try:
+                state["ready"] = True  # interrupts start once this thread is inside the try
                 while k < len(pieces):
                     attempted.append(k)
                     outbox.write("c", "stdout", pieces[k])
@@ -56,8 +60,9 @@ def test_writes_interrupted_at_any_bytecode_arrive_once_and_in_order():
                 k += 1  # the interrupted print goes on with its next piece
         while True:  # stay until the interrupts have stopped, then drop one still pending
             try:
-                done.set()
-                quiet.wait()
+                state["done"] = True
+                while not state["quiet"]:
+                    time.sleep(0.001)
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
                     ctypes.c_ulong(threading.get_ident()), None
                 )
@@ -74,11 +79,13 @@ def test_writes_interrupted_at_any_bytecode_arrive_once_and_in_order():
     try:
         thread = threading.Thread(target=cell)
         thread.start()
+        while not state["ready"]:
+            time.sleep(0.001)
         interrupts = 0
-        while not done.is_set():
+        while not state["done"]:
             _interrupt(thread.ident)
             interrupts += 1
-        quiet.set()
+        state["quiet"] = True
         thread.join()
     finally:
         gc.enable()
