@@ -71,11 +71,7 @@ def check(config_set: str, direction: str) -> int:
         kinds += ("wgrad", "stage_wgrad") if direction == "backward" else ()
         for kind in kinds:
             for cfg in _configs(config_set, kind):
-                # the backward's three_kernel computes weight gradients apart, its two_kernel
-                # inside the stages
-                separate = ("stage", "wgrad")
-                path = "fused" if kind == "fused" else "two_kernel"
-                path = "three_kernel" if kind in separate else path
+                path = triton_launch.KIND_PATHS[kind]
                 # the one-block kernel everywhere, or grouped where the output interleaves
                 triton_launch.GROUPED = kind != "stage"
                 ctx = f"{config_set} {direction} {kind} {cfg} shape {shape}"

@@ -109,10 +109,7 @@ def test_every_config_of_the_active_backend(kind):
         want = monarch_reference(x, w1, w2)
         grads = _grads64(x, w1, w2, dy)
         xs, w1s, w2s, dys = _cast((x, w1, w2, dy), torch.bfloat16)
-        # the backward's three_kernel computes weight gradients apart, its two_kernel inside
-        # the stages
-        path = {"fused": "fused", "stage": "three_kernel", "wgrad": "three_kernel"}
-        path = path.get(kind, "two_kernel")
+        path = triton_launch.KIND_PATHS[kind]
         triton_launch.GROUPED = kind != "stage"
         try:
             for cfg in get_configs(kind):

@@ -65,11 +65,10 @@ def _fits(cfg: triton.Config, smem_bytes: int, elt: int = 2, resident: bool = Fa
     kw = cfg.kwargs
     stages = max(cfg.num_stages, 1)
     m, o, c = kw["BLOCK_M"], kw["BLOCK_O"], kw["BLOCK_C"]
-    need = (m + o) * c * elt * stages
+    tiles = m * c + (m if resident else c) * o  # per pipeline stage
+    need = tiles * elt * stages + (c * o * elt if resident else 0)
     if "BLOCK_J" in kw:
         need = max(need, kw["BLOCK_J"] * m * o * 4)
-    if resident:
-        need = (m * c + m * o) * elt * stages + c * o * elt
     return need <= smem_bytes
 
 
@@ -121,13 +120,13 @@ def _cuda_configs(kind: str = "stage") -> list[triton.Config]:
         # a whole block per program (O = C covers it), weights resident; rows are both the
         # stage's M and the reduction's K, so the wgrad's deep pipelines again. 128-wide blocks
         # take 8 warps for the 128 x 128 fp32 accumulator.
-        shapes = [(64, 64, 64, 4, 3), (128, 64, 64, 4, 4), (128, 64, 64, 8, 3), (64, 32, 32, 4, 4)]
-        shapes.append((64, 128, 128, 8, 2))
-        cfgs = [
-            triton.Config({"BLOCK_M": m, "BLOCK_O": o, "BLOCK_C": c}, num_warps=w, num_stages=s)
-            for m, o, c, w, s in shapes
+        shapes = [
+            (64, 64, 64, 4, 3),
+            (128, 64, 64, 4, 4),
+            (128, 64, 64, 8, 3),
+            (64, 32, 32, 4, 4),
+            (64, 128, 128, 8, 2),
         ]
-        return [c for c in cfgs if _fits(c, _SMEM_BYTES["cuda"], resident=True)]
     else:
         # the last three are Hopper-sized matmul tiles for wide blocks (compute-bound)
         shapes = [
@@ -144,7 +143,7 @@ def _cuda_configs(kind: str = "stage") -> list[triton.Config]:
         triton.Config({"BLOCK_M": m, "BLOCK_O": o, "BLOCK_C": c}, num_warps=w, num_stages=s)
         for m, o, c, w, s in shapes
     ]
-    return [c for c in cfgs if _fits(c, _SMEM_BYTES["cuda"])]
+    return [c for c in cfgs if _fits(c, _SMEM_BYTES["cuda"], resident=kind == "stage_wgrad")]
 
 
 def _hip_configs(kind: str = "stage", arch: str | None = None) -> list[triton.Config]:

@@ -37,6 +37,17 @@ PATH_ENV_VAR = "MONARCH_KERNELS_PATH"  # forces one of PATHS
 # three_kernel the chain with separate weight-gradient kernels, fused the fused input-gradient
 # kernel. Without a forced path each direction times its candidates once per shape.
 PATHS = ("fused", "two_kernel", "three_kernel", "blas")
+# The path whose launches run each kernel kind with the config given for it (tests, tune): the
+# one-block stage kernel writes block-major in three_kernel, the grouped one writes y in
+# two_kernel; the backward's three_kernel computes weight gradients apart, its two_kernel inside
+# the stages where blocks fit.
+KIND_PATHS = {
+    "stage": "three_kernel",
+    "group": "two_kernel",
+    "fused": "fused",
+    "wgrad": "three_kernel",
+    "stage_wgrad": "two_kernel",
+}
 _path_choice: dict[tuple, str] = {}  # (direction, shapes, strides, dtype, device) -> path
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_BLOCKS = 65535  # grid axis 1 carries the block index
@@ -370,8 +381,6 @@ def _stage_wgrad(inp, w, out, other, sizes, strides, splits, config, dtype) -> t
     partial = torch.empty(splits, nblk, c, o, device=inp.device, dtype=torch.float32)
     args = (inp, w, out, other, partial, B, nblk, o, c, triton.cdiv(B, splits))
     args += (*strides, *partial.stride())
-    if config is None and interpreting():
-        config = _stage_wgrad_configs(None, (o, c))[0]
     _launch("stage_wgrad", lambda meta: (splits, nblk), args, config)
     return partial.sum(0).to(dtype)
 
@@ -404,9 +413,8 @@ def monarch_backward(
     configs = configs or {}
     sms = _sm_count(x2.device)
     # the weight gradients fold into the stages where a tile holds a whole block
-    fuse = path == "two_kernel" and bool(
-        _stage_wgrad_configs(configs.get("stage_wgrad"), (r, s), (p, q))
-    )
+    fitting = _stage_wgrad_configs(configs.get("stage_wgrad"), (r, s), (p, q))
+    fuse = path == "two_kernel" and bool(fitting)
     if splits is None:
         # Enough programs for about eight per SM (each reduction is a long, latency-bound
         # loop), but at least 256 rows of reduction each.
@@ -433,7 +441,9 @@ def monarch_backward(
         sw1 = (w1.stride(0), w1.stride(1), w1.stride(2))
         _stage(x2, w1, h, B, k, q, p, sx, sw1, (1, q * B, B), configs)
     if fuse:
-        cfg = configs.get("stage_wgrad")
+        # autotuning prunes the configs that do not hold a block; the interpreter takes the
+        # first that does
+        cfg = configs.get("stage_wgrad") or (fitting[0] if interpreting() else None)
         # dF = dY w2[j] (intermediate order) with dw2[j] = dY[j].T G[j], G[b, j, rr] =
         # h[rr*l + j, b]; then dx = dF w1[i] with dw1[i] = dF[i].T x[i]
         strides = (*sdy, *sw2t, 1, B, l * B, 1, B, l * B)

@@ -80,24 +80,20 @@ def main(argv: list[str] | None = None) -> None:
     for kind in kinds:
         # the one-block kernel everywhere when it is the one under test
         triton_launch.GROUPED = kind != "stage"
-        # the grouped kernel writes y itself; the one-block kernel is timed where it is used,
-        # writing block-major before the row transpose
-        fwd_path = "two_kernel" if kind == "group" else "three_kernel"
+        path = triton_launch.KIND_PATHS[kind]
         for cfg in get_configs(kind):
             c = {kind: cfg}
             if kind in ("group", "stage"):
                 add(
                     f"{kind} {_fmt(cfg)}",
                     "fwd",
-                    lambda c=c, f=fwd_path: triton_launch.monarch_forward(
-                        x, w1, w2, path=f, configs=c
-                    ),
+                    lambda c=c, p=path: triton_launch.monarch_forward(x, w1, w2, path=p, configs=c),
                 )
                 add(
                     f"{kind} {_fmt(cfg)}",
                     "bwd",
-                    lambda c=c: triton_launch.monarch_backward(
-                        dy, x, w1, w2, path="two_kernel", configs=c
+                    lambda c=c, p=path: triton_launch.monarch_backward(
+                        dy, x, w1, w2, path=p, configs=c
                     ),
                 )
             elif kind == "fused":
@@ -117,11 +113,9 @@ def main(argv: list[str] | None = None) -> None:
                     ),
                 )
             else:
-                # wgrad apart from the stages (three_kernel), or inside them (two_kernel),
-                # where the config's tile holds a whole block
+                # stage_wgrad runs only where the config's tile holds a whole block
                 if kind == "stage_wgrad" and not triton_launch._covers(cfg, bs, bs):
                     continue
-                path = "three_kernel" if kind == "wgrad" else "two_kernel"
                 add(
                     f"{kind} {_fmt(cfg)}",
                     "bwd",
