@@ -9,13 +9,22 @@ it: reading x and writing the feature-major intermediate (stage 1), and reading 
 writing y in the specification's permuted order (stage 2), next to stage 2 writing a
 block-major buffer instead (coalesced along features), both with the one-block (2-d) and
 the grouped (3-d) kernel; the blas path's two bmm calls and its output permutation; cuBLAS
-bmm of a block-major stage and a plain copy for scale. Then a
-torch.profiler breakdown of the op's forward and backward, per kernel.
+bmm of a block-major stage and a plain copy for scale. Then the host's cost: microseconds of
+Python and launch work per call at a batch small enough that the device keeps up (each path,
+the custom op with and without autograd, one Triton launch, one bmm), with a cProfile of the
+op's calls written to ``$OUT/host_profile.txt`` where OUT is set; then a torch.profiler
+breakdown of the op's forward and backward, per kernel.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import cProfile
+import io
+import os
+import pstats
+import time
 
 import torch
 from monarch_kernels import blas, monarch_matmul, triton_launch
@@ -40,7 +49,11 @@ def main() -> None:
     rows = []
 
     def add(name, fn, traffic=2 * act):
-        ms = _ms(fn)
+        try:
+            ms = _ms(fn)
+        except Exception as err:  # a row that says so; the other rows still run
+            print(f"{name}: failed: {type(err).__name__}: {str(err).strip()[:200]}")
+            ms = float("nan")
         rows.append((name, ms, traffic / (ms * 1e-3) / 1e9))
 
     sx = (x.stride(0), p, 1)
@@ -82,12 +95,20 @@ def main() -> None:
             lambda p=path: triton_launch.monarch_backward(dy, x, w1, w2, path=p),
             traffic=5 * act,
         )
+    for path in ("two_kernel", "three_kernel", "blas"):
+        _y, hk = triton_launch.monarch_forward(x, w1, w2, path="three_kernel", keep=True)
+        add(
+            f"op backward, {path}, h kept",
+            lambda p=path, hk=hk: triton_launch.monarch_backward(dy, x, w1, w2, path=p, h=hk),
+            traffic=5 * act,
+        )
     print(f"{torch.cuda.get_device_name(dev)}; n={n} blocks={blocks} batch={B} bfloat16")
     width = max(len(r[0]) for r in rows)
     print(f"| {'what'.ljust(width)} | ms | GB/s (activations moved) |")
     print(f"|{'-' * (width + 2)}|----|------|")
     for name, ms, gbs in rows:
         print(f"| {name.ljust(width)} | {ms:.4f} | {gbs:.0f} |")
+    host_costs(w1, w2)
     xg = x.detach().requires_grad_()
     ws = [w.detach().requires_grad_() for w in (w1, w2)]
     for _ in range(3):
@@ -104,6 +125,69 @@ def main() -> None:
             break
         except (AttributeError, KeyError, ValueError):
             continue
+
+
+def host_us(fn, calls: int = 300) -> float:
+    """Microseconds of host work per call: calls issued back to back without synchronising,
+    at a size where the device finishes each sooner than the host issues the next."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    issued = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return 1e6 * issued / calls
+
+
+def host_costs(w1: torch.Tensor, w2: torch.Tensor, batch: int = 256) -> None:
+    """The host's share: per-call microseconds of each path and of the pieces under it."""
+    n = w1.shape[0] * w1.shape[2]
+    l, s, _r = w2.shape
+    x = torch.randn(batch, n, device=w1.device, dtype=w1.dtype)
+    dy = torch.randn(batch, s * l, device=w1.device, dtype=w1.dtype)
+    y = torch.empty_like(dy)
+    yt = torch.empty(l, s, batch, device=w1.device, dtype=w1.dtype)
+    xg = x.detach().requires_grad_()
+    ws = [w.detach().requires_grad_() for w in (w1, w2)]
+    calls = {
+        "one Triton launch (batch-last pass)": lambda: triton_launch._batch_last(
+            y, yt, l, s, to_flat=True
+        ),
+        "one torch.bmm": lambda: torch.bmm(w2, yt),
+        "custom op, no grad": lambda: monarch_matmul(x, w1, w2),
+        "custom op forward, autograd": lambda: monarch_matmul(xg, *ws),
+        "custom op forward+backward": lambda: monarch_matmul(xg, *ws).backward(dy),
+    }
+    for path in triton_launch.PATHS:
+        calls[f"launcher forward, {path}"] = lambda p=path: triton_launch.monarch_forward(
+            x, w1, w2, path=p
+        )
+        calls[f"launcher backward, {path}"] = lambda p=path: triton_launch.monarch_backward(
+            dy, x, w1, w2, path=p
+        )
+    print(f"\nhost microseconds per call, batch {batch} (the device keeps up)")
+    width = max(map(len, calls))
+    for name, fn in calls.items():
+        with torch.no_grad() if "no grad" in name else contextlib.nullcontext():
+            try:
+                print(f"| {name.ljust(width)} | {host_us(fn):8.1f} |")
+            except Exception as err:  # a row that says so
+                print(f"| {name.ljust(width)} | failed: {type(err).__name__} |")
+    prof = cProfile.Profile()
+    fwd_bwd = calls["custom op forward+backward"]
+    prof.enable()
+    for _ in range(200):
+        fwd_bwd()
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(60)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "host_profile.txt"), "w") as f:
+            f.write(text.getvalue())
 
 
 if __name__ == "__main__":

@@ -238,6 +238,22 @@ def test_path_choice_times_each_direction_once_per_shape(monkeypatch):
     capturing[0] = True
     assert triton_launch._choose("forward", (x.t(),), all3, "two_kernel") == "two_kernel"
     assert len(made) == 2 and len(triton_launch._path_choice) == 2  # nothing timed or kept
+    capturing[0] = False
+
+    # a path that does not build here is left out, with a warning, and the rest still choose
+    def too_big():
+        raise triton.OutOfResources(300000, 232448, "shared memory")
+
+    def one_fails():
+        out = runs(("two_kernel", "three_kernel", "blas"))()
+        out["three_kernel"] = too_big
+        return out
+
+    y = torch.randn(6, 8)
+    with pytest.warns(RuntimeWarning, match="three_kernel path failed here.*OutOfResources"):
+        assert triton_launch._choose("forward", (y,), one_fails, "two_kernel") == "blas"
+    with pytest.warns(RuntimeWarning), pytest.raises(RuntimeError, match="no backward path runs"):
+        triton_launch._choose("backward", (y,), lambda: {"blas": too_big}, "two_kernel")
 
     # the candidates: three_kernel only where it differs from two_kernel
     seen = []

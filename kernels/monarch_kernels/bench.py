@@ -149,6 +149,7 @@ def run_case(n, blocks, batch, dtype, device, use_compile, min_time, calls=1):
     dy = torch.randn(batch, n, device=device, dtype=dtype)
     fns, params = _methods(n, blocks, device, dtype, use_compile)
     fns_by_key = {}
+    failed = {}  # name -> the error's first line: a row that says so, not a lost table
     for name, (group, fn, ctx) in fns.items():
         ps = params[group]
 
@@ -165,8 +166,12 @@ def run_case(n, blocks, batch, dtype, device, use_compile, min_time, calls=1):
 
         for p in ps:
             p.requires_grad_(True)
-        fwd()  # warm-up: allocation, autotuning, compilation
-        fwd_bwd()
+        try:
+            fwd()  # warm-up: allocation, autotuning, compilation
+            fwd_bwd()
+        except Exception as err:  # any failure becomes its row; the other methods still run
+            failed[name] = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
+            continue
         fns_by_key[(name, "fwd")] = fwd
         fns_by_key[(name, "f+b")] = fwd_bwd
     probes, work = _probes(device, dtype)
@@ -182,6 +187,10 @@ def run_case(n, blocks, batch, dtype, device, use_compile, min_time, calls=1):
         kind = f"matmul {rate / 1e12:.2f} TF/s"
     rows = []
     for name in fns:
+        if name in failed:
+            rows.append([f"{n}", f"{blocks}", f"{batch}", str(dtype)[6:], kind, name] + ["-"] * 8)
+            print(f"{name} ({n}:{blocks}:{batch} {str(dtype)[6:]}) failed: {failed[name]}")
+            continue
         rows.append(
             [f"{n}", f"{blocks}", f"{batch}", str(dtype).replace("torch.", ""), kind, name]
             + [

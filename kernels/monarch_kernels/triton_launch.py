@@ -10,6 +10,7 @@ fresh contiguous tensors. ``ops.py`` wraps them into the autograd-aware custom o
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 import triton
@@ -27,6 +28,10 @@ from .triton_kernels import (
     _transpose_rows_kernel,
 )
 
+try:  # what a kernel that does not build or launch raises (ptxas's errors too, on Triton 3.2+)
+    from triton.errors import TritonError as _BuildError
+except ImportError:
+    _BuildError = triton.CompilationError
 PATH_ENV_VAR = "MONARCH_KERNELS_PATH"  # forces one of PATHS
 # fused: one persistent kernel, intermediate in an L2 scratch; two_kernel: stage 2 writes y
 # through grouped vector stores; three_kernel: stage 2 writes block-major, then each row is
@@ -313,9 +318,12 @@ def _choose(direction: str, tensors: tuple, make_runs, capturing: str) -> str:
     if key not in _path_choice:
         if torch.cuda.is_current_stream_capturing():
             return capturing
-        runs = make_runs()
-        for run in runs.values():
-            run()  # autotuning and compilation stay out of the comparison
+        runs = {p: run for p, run in make_runs().items() if _runs_here(p, run)}
+        if not runs:
+            raise RuntimeError(
+                f"monarch_kernels: no {direction} path runs on this device (warnings above say "
+                f"why); set {PATH_ENV_VAR}=<path> to see the error of one"
+            )
         # alternate rounds, fastest of each: a clock still ramping up, or another process,
         # must not decide it
         best = dict.fromkeys(runs, float("inf"))
@@ -325,6 +333,24 @@ def _choose(direction: str, tensors: tuple, make_runs, capturing: str) -> str:
                 best[p] = min(best[p], ms)
         _path_choice[key] = min(best, key=best.get)
     return _path_choice[key]
+
+
+def _runs_here(path: str, run) -> bool:
+    """Run ``path`` once (autotuning and compilation stay out of the comparison); False, with a
+    warning, if it fails. A config or kernel that does not build on an untried chip (too much
+    shared memory, say) then costs speed, not the user's run."""
+    try:
+        run()
+    except (_BuildError, triton.OutOfResources, RuntimeError) as err:
+        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        warnings.warn(
+            f"monarch_kernels: the {path} path failed here and is left out of the choice: "
+            f"{type(err).__name__}: {first_line}",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return False
+    return True
 
 
 def _batch_last(flat: torch.Tensor, blk: torch.Tensor, l: int, s: int, *, to_flat: bool) -> None:
