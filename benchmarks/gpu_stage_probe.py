@@ -11,7 +11,7 @@ block-major buffer instead (coalesced along features), both with the one-block (
 the grouped (3-d) kernel; the blas path's two bmm calls and its output permutation; cuBLAS
 bmm of a block-major stage and a plain copy for scale. Then the host's cost: microseconds of
 Python and launch work per call at a batch small enough that the device keeps up (each path,
-the custom op with and without autograd, one Triton launch, one bmm), with a cProfile of the
+the public function (eager route) and the custom ops, with and without autograd, one Triton launch, one bmm), with a cProfile of the
 op's calls written to ``$OUT/host_profile.txt`` where OUT is set; then a torch.profiler
 breakdown of the op's forward and backward, per kernel.
 """
@@ -85,6 +85,14 @@ def main() -> None:
     )
     yt = torch.empty(l, s, B, device=dev, dtype=dt)
     add("batch-last (l, s, B) -> y", lambda: triton_launch._batch_last(y, yt, l, s, to_flat=True))
+    a, wd = torch.randn(B, bs, device=dev, dtype=dt), torch.randn(n, bs, device=dev, dtype=dt)
+    add(f"dense GEMM of one stage's FLOPs ({B}x{bs} @ {bs}x{n})", lambda: torch.mm(a, wd.T))
+    for chunks in (2, 4):
+        side = torch.cuda.Stream()
+        add(
+            f"blas forward, {chunks} row chunks, batch-last pass on a second stream",
+            lambda c=chunks, side=side: overlapped_blas_forward(x, w1, w2, c, side),
+        )
     ycopy = torch.empty_like(y)
     add("copy y", lambda: ycopy.copy_(y))
     dy = torch.randn_like(y)
@@ -127,6 +135,25 @@ def main() -> None:
             continue
 
 
+def overlapped_blas_forward(x, w1, w2, chunks: int, side) -> torch.Tensor:
+    """The blas forward in row chunks, each chunk's output permutation (memory-bound) on a
+    second stream while the next chunk's GEMMs (compute-bound) run: what overlap could save
+    where the GEMMs dominate (few, wide blocks)."""
+    B = x.shape[0]
+    l, s, _r = w2.shape
+    y = x.new_empty(B, s * l)
+    main = torch.cuda.current_stream()
+    rows = B // chunks
+    for c in range(chunks):
+        _ht, yt = blas.forward_stages(x[c * rows : (c + 1) * rows], w1, w2)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            triton_launch._batch_last(y[c * rows : (c + 1) * rows], yt, l, s, to_flat=True)
+        yt.record_stream(side)
+    main.wait_stream(side)
+    return y
+
+
 def host_us(fn, calls: int = 300) -> float:
     """Microseconds of host work per call: calls issued back to back without synchronising,
     at a size where the device finishes each sooner than the host issues the next."""
@@ -156,9 +183,15 @@ def host_costs(w1: torch.Tensor, w2: torch.Tensor, batch: int = 256) -> None:
             y, yt, l, s, to_flat=True
         ),
         "one torch.bmm": lambda: torch.bmm(w2, yt),
-        "custom op, no grad": lambda: monarch_matmul(x, w1, w2),
-        "custom op forward, autograd": lambda: monarch_matmul(xg, *ws),
-        "custom op forward+backward": lambda: monarch_matmul(xg, *ws).backward(dy),
+        "monarch_matmul, no grad": lambda: monarch_matmul(x, w1, w2),
+        "monarch_matmul forward, autograd": lambda: monarch_matmul(xg, *ws),
+        "monarch_matmul forward+backward": lambda: monarch_matmul(xg, *ws).backward(dy),
+        "the custom op (as compiled code calls it), no grad": lambda: (
+            torch.ops.monarch_kernels.monarch_matmul(x, w1, w2)
+        ),
+        "the custom ops forward+backward": lambda: torch.ops.monarch_kernels.monarch_matmul_keep(
+            xg, *ws
+        )[0].backward(dy),
     }
     for path in triton_launch.PATHS:
         calls[f"launcher forward, {path}"] = lambda p=path: triton_launch.monarch_forward(
@@ -176,7 +209,7 @@ def host_costs(w1: torch.Tensor, w2: torch.Tensor, batch: int = 256) -> None:
             except Exception as err:  # a row that says so
                 print(f"| {name.ljust(width)} | failed: {type(err).__name__} |")
     prof = cProfile.Profile()
-    fwd_bwd = calls["custom op forward+backward"]
+    fwd_bwd = calls["monarch_matmul forward+backward"]
     prof.enable()
     for _ in range(200):
         fwd_bwd()

@@ -13,6 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from monarch_kernels import monarch_matmul, monarch_reference, ops
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 @st.composite
@@ -117,13 +118,50 @@ def test_kept_intermediate_gives_the_recomputed_gradients():
     again = torch.ops.monarch_kernels.monarch_matmul_backward(dy, x, w1, w2)
     for a, b in zip(kept, again, strict=True):
         torch.testing.assert_close(a, b)
-    # with grad enabled the public function takes the keeping op; without, the plain one
+    # with grad enabled the public function keeps the intermediate; without, no graph
     assert x.requires_grad is False
     w1.requires_grad_()
     y = monarch_matmul(x, w1, w2)
-    assert "monarch_matmul_keep" in type(y.grad_fn).__name__
+    assert "MonarchMatmul" in type(y.grad_fn).__name__
     with torch.no_grad():
         assert monarch_matmul(x, w1, w2).grad_fn is None
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_eager_route_matches_the_custom_ops_and_modes_see_the_ops():
+    """Eager calls take the plain autograd.Function; under a dispatch mode (fake tensors,
+    export) the custom ops run, and both give the same values and gradients."""
+    x, w1, w2 = make((4, 6, 5, 10, 3, (7,), "transposed"), seed=4)
+    dy = torch.randn(7, 30, dtype=torch.float64)
+    leaves = [t.detach().requires_grad_() for t in (x, w1, w2)]
+    y = monarch_matmul(*leaves)
+    y.backward(dy)
+    assert type(y.grad_fn).__name__ == "_MonarchMatmulBackward"
+    again = [t.detach().requires_grad_() for t in (x, w1, w2)]
+    with _Recorder() as rec:
+        y_op = monarch_matmul(*again)
+        y_op.backward(dy)
+    assert "monarch_kernels.monarch_matmul_keep.default" in rec.ops
+    assert "monarch_kernels.monarch_matmul_backward.default" in rec.ops
+    torch.testing.assert_close(y, y_op, rtol=0, atol=0)
+    for a, b in zip(leaves, again, strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+    with _Recorder() as rec, torch.no_grad():
+        monarch_matmul(x, w1, w2)
+    assert rec.ops[0] == "monarch_kernels.monarch_matmul.default"
+    # the backward is not itself differentiable: a second derivative is refused, not wrong
+    (gx,) = torch.autograd.grad(monarch_matmul(*leaves).sum(), leaves[0], create_graph=True)
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        gx.sum().backward()
 
 
 def test_compile_sees_one_opaque_op():

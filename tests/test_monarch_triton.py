@@ -200,7 +200,7 @@ def test_launcher_refuses_bad_input():
 
 
 def test_path_choice_times_each_direction_once_per_shape(monkeypatch):
-    """The chooser's bookkeeping, with ``do_bench`` (which needs a GPU) answered by a table of
+    """The chooser's bookkeeping, with the timing (which needs a GPU) answered by a table of
     times: the fastest candidate wins, is kept per (direction, shape), and a shape first seen
     inside a graph capture takes the fixed path without being remembered."""
     import torch
@@ -209,7 +209,7 @@ def test_path_choice_times_each_direction_once_per_shape(monkeypatch):
     times = {"two_kernel": 3.0, "three_kernel": 1.0, "blas": 2.0}
     made = []
 
-    def bench(fn, **kwargs):
+    def bench(fn):
         fn()
         return times[fn.path]
 
@@ -225,7 +225,7 @@ def test_path_choice_times_each_direction_once_per_shape(monkeypatch):
         return make
 
     capturing = [False]
-    monkeypatch.setattr(triton.testing, "do_bench", bench)
+    monkeypatch.setattr(triton_launch, "_call_ms", bench)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
     monkeypatch.setattr(triton_launch, "_path_choice", {})
     x = torch.randn(4, 8)
@@ -272,3 +272,60 @@ def test_path_choice_times_each_direction_once_per_shape(monkeypatch):
         ("backward", ["blas", "three_kernel", "two_kernel"]),
         ("backward", ["blas", "two_kernel"]),  # too wide to fuse the weight gradients
     ]
+
+
+def test_autotuned_config_is_launched_directly_after_the_first_call(monkeypatch):
+    """After Triton's autotuner has chosen for a key, the launcher runs the kernel with that
+    config itself; a new key (sizes, dtype or constants) goes back to the autotuner. The
+    kernel and the autotuner are stand-ins that record their launches (no GPU here)."""
+    import torch
+    from monarch_kernels import triton_launch
+
+    launches = []
+
+    class Kernel:
+        arg_names = ("inp", "out", "B", "NBLK", "NOUT", "NRED", "stride_in_m", "BLOCK_M")
+
+        def __init__(self, who):
+            self.who = who
+            self.best_config = None
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                shown = grid
+                if self.who == "tuner":
+                    self.best_config = triton.Config({"BLOCK_M": 32 * (1 + len(launches))})
+                    shown = ("callable",)
+                launches.append((self.who, shown, args[2:], kwargs))
+
+            return launch
+
+    monkeypatch.setattr(triton_launch, "interpreting", lambda: False)
+    monkeypatch.setitem(triton_launch._KERNELS, "stage", Kernel("kernel"))
+    monkeypatch.setitem(triton_launch._autotuned, "stage", Kernel("tuner"))
+    monkeypatch.setitem(triton_launch._KEYS, "stage", ["B", "NBLK", "stride_in_m"])
+    monkeypatch.setattr(triton_launch, "_tuned", {})
+    monkeypatch.setattr(triton_launch, "_key_positions", {})
+    a, b = torch.empty(2), torch.empty(2, dtype=torch.float64)
+
+    def grid(meta):
+        return (meta["BLOCK_M"],)
+
+    def launch(*args, **const):
+        triton_launch._launch("stage", grid, args, None, **const)
+
+    launch(a, a, 100, 4, 8, 8, 1)  # autotuner: chooses BLOCK_M 32
+    launch(a, a, 100, 4, 9, 9, 1)  # NOUT, NRED not in the key: the same config, direct
+    launch(a, a, 100, 4, 8, 8, 2)  # stride in the key: autotuner again (BLOCK_M 96)
+    launch(b, a, 100, 4, 8, 8, 1)  # another dtype: autotuner (BLOCK_M 128)
+    launch(a, a, 100, 4, 8, 8, 1, FLAG=True)  # another constant: autotuner (BLOCK_M 160)
+    launch(a, a, 100, 4, 8, 8, 2)  # direct, with the config chosen for it
+    assert [(who, g) for who, g, _args, _kw in launches] == [
+        ("tuner", ("callable",)),
+        ("kernel", (32,)),
+        ("tuner", ("callable",)),
+        ("tuner", ("callable",)),
+        ("tuner", ("callable",)),
+        ("kernel", (96,)),
+    ]
+    assert launches[1][2] == (100, 4, 9, 9, 1) and launches[1][3]["BLOCK_M"] == 32

@@ -170,10 +170,21 @@ def run_case(n, blocks, batch, dtype, device, use_compile, min_time, calls=1):
             fwd()  # warm-up: allocation, autotuning, compilation
             fwd_bwd()
         except Exception as err:  # any failure becomes its row; the other methods still run
-            failed[name] = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
+            failed[name] = _first_line(err)
             continue
         fns_by_key[(name, "fwd")] = fwd
         fns_by_key[(name, "f+b")] = fwd_bwd
+    names = list(fns)
+    if device.type == "cuda" and "fused op" not in failed:
+        # the op with the host's launch work taken away, as CUDA graphs (torch.compile's
+        # mode="reduce-overhead", or a graphed training step) take it away
+        name = "fused op, CUDA graph"
+        names.insert(names.index("fused op") + 1, name)
+        try:
+            for key in ("fwd", "f+b"):
+                fns_by_key[(name, key)] = _graphed(fns_by_key[("fused op", key)])
+        except Exception as err:  # any failure becomes its row
+            failed[name] = _first_line(err)
     probes, work = _probes(device, dtype)
     for fn in probes.values():
         fn()
@@ -186,7 +197,7 @@ def run_case(n, blocks, batch, dtype, device, use_compile, min_time, calls=1):
     else:
         kind = f"matmul {rate / 1e12:.2f} TF/s"
     rows = []
-    for name in fns:
+    for name in names:
         if name in failed:
             rows.append([f"{n}", f"{blocks}", f"{batch}", str(dtype)[6:], kind, name] + ["-"] * 8)
             print(f"{name} ({n}:{blocks}:{batch} {str(dtype)[6:]}) failed: {failed[name]}")
@@ -205,6 +216,25 @@ def run_case(n, blocks, batch, dtype, device, use_compile, min_time, calls=1):
             ]
         )
     return rows
+
+
+def _first_line(err: Exception) -> str:
+    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
+
+
+def _graphed(fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` captured once as a CUDA graph (after warm-up on a side stream); returns its
+    replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 HEADER = ["n", "blocks", "batch", "dtype", "bound", "method"] + [

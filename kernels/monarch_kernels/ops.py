@@ -10,6 +10,10 @@ the stages is a leading dimension that BLAS accepts, so it is never copied. What
 putting ``(l, s, B)`` into the output's order: a copy of whole rows of B elements and one 2-d
 transpose, where the two-bmm pipeline copies the intermediate and then gathers the output with
 a 3-d permutation.
+
+Eager calls run the same bodies through a plain ``torch.autograd.Function``, which costs the
+host far less per call than a Python custom op; ``torch.compile``, fake tensors, export and
+functorch see the custom ops.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from . import blas
 from .reference import monarch_shapes
@@ -108,18 +113,53 @@ def _torch_backward(
     return dx, dw1, dw2
 
 
-@torch.library.custom_op("monarch_kernels::monarch_matmul", mutates_args=())
-def _monarch_op(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-    k, _q, p, l, s, _r = _check(x, w1, w2)
+def _forward(
+    x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, *, keep: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(y, h)``: the product and, with ``keep`` (or where it comes free), the feature-major
+    intermediate (k*q, B) for the backward. The body of every route below."""
+    k, q, p, l, s, _r = _check(x, w1, w2)
     batch = x.shape[:-1]
     x2 = x.reshape(-1, k * p)
     if x2.shape[0] == 0:
-        return x.new_zeros(*batch, s * l)
+        return x.new_zeros(*batch, s * l), x.new_zeros(k * q, 0)
     if x.dtype in _TRITON_DTYPES and _use_triton(x.device):
         from .triton_launch import monarch_forward
 
-        return monarch_forward(x2, w1, w2).view(*batch, s * l)
-    return _torch_forward(x2, w1, w2)[0].view(*batch, s * l)
+        if keep:
+            y, h = monarch_forward(x2, w1, w2, keep=True)
+        else:
+            y, h = monarch_forward(x2, w1, w2), None
+    else:
+        y, h = _torch_forward(x2, w1, w2)
+    return y.view(*batch, s * l), h
+
+
+def _gradients(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    h: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dx, dw1, dw2)`` for ``grad``; ``h`` (from ``_forward(keep=True)``) spares stage 1."""
+    k, _q, p, l, s, _r = _check(x, w1, w2)
+    x2 = x.reshape(-1, k * p)
+    dy2 = grad.reshape(-1, s * l)
+    if x2.shape[0] == 0:
+        return x.new_zeros(x.shape), w1.new_zeros(w1.shape), w2.new_zeros(w2.shape)
+    if x.dtype in _TRITON_DTYPES and _use_triton(x.device):
+        from .triton_launch import monarch_backward
+
+        dx, dw1, dw2 = monarch_backward(dy2, x2, w1, w2, h=h)
+    else:
+        dx, dw1, dw2 = _torch_backward(dy2, x2, w1, w2, h)
+    return dx.view(x.shape), dw1, dw2
+
+
+@torch.library.custom_op("monarch_kernels::monarch_matmul", mutates_args=())
+def _monarch_op(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    return _forward(x, w1, w2, keep=False)[0]
 
 
 @_monarch_op.register_fake
@@ -135,18 +175,7 @@ def _monarch_keep_op(
     """The forward for training: ``(y, h)``, h the feature-major intermediate (k*q, B) that the
     backward needs for ``dw2``. Every path but the fused one writes h anyway; keeping it
     saves the backward a pass of stage 1 (one activation-sized tensor more held)."""
-    k, q, p, l, s, _r = _check(x, w1, w2)
-    batch = x.shape[:-1]
-    x2 = x.reshape(-1, k * p)
-    if x2.shape[0] == 0:
-        return x.new_zeros(*batch, s * l), x.new_zeros(k * q, 0)
-    if x.dtype in _TRITON_DTYPES and _use_triton(x.device):
-        from .triton_launch import monarch_forward
-
-        y, h = monarch_forward(x2, w1, w2, keep=True)
-    else:
-        y, h = _torch_forward(x2, w1, w2)
-    return y.view(*batch, s * l), h
+    return _forward(x, w1, w2, keep=True)
 
 
 @_monarch_keep_op.register_fake
@@ -164,18 +193,7 @@ def _monarch_backward_op(
     w2: torch.Tensor,
     h: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    k, _q, p, l, s, _r = _check(x, w1, w2)
-    x2 = x.reshape(-1, k * p)
-    dy2 = grad.reshape(-1, s * l)
-    if x2.shape[0] == 0:
-        return x.new_zeros(x.shape), w1.new_zeros(w1.shape), w2.new_zeros(w2.shape)
-    if x.dtype in _TRITON_DTYPES and _use_triton(x.device):
-        from .triton_launch import monarch_backward
-
-        dx, dw1, dw2 = monarch_backward(dy2, x2, w1, w2, h=h)
-    else:
-        dx, dw1, dw2 = _torch_backward(dy2, x2, w1, w2, h)
-    return dx.view(x.shape), dw1, dw2
+    return _gradients(grad, x, w1, w2, h)
 
 
 @_monarch_backward_op.register_fake
@@ -217,6 +235,38 @@ torch.library.register_autograd(
 )
 
 
+class _MonarchMatmul(torch.autograd.Function):
+    """The eager route for training: what ``monarch_matmul_keep`` and its registered backward
+    compute, without the layers a Python custom op passes through on every call (dispatcher,
+    autograd wrapper, alias checks, the compiler's guard). Those cost about as much host
+    time as the kernels' launches (kernels/README.md, "Host time"); compiled code keeps the
+    custom ops, which is what ``torch.compile`` needs to see."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+        y, h = _forward(x, w1, w2, keep=True)
+        ctx.save_for_backward(x, w1, w2, h)
+        return y
+
+    @staticmethod
+    @once_differentiable  # the backward's kernels are not themselves differentiable
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x, w1, w2, h = ctx.saved_tensors
+        return _gradients(grad, x, w1, w2, h)
+
+
+def _eager(*tensors: torch.Tensor) -> bool:
+    """True where plain Python may stand in for the custom ops: outside ``torch.compile``'s
+    tracing, on plain tensors and parameters, with no dispatch mode (fake tensors, export)
+    and no functorch transform active; elsewhere the ops keep their registered behaviour."""
+    return (
+        not torch.compiler.is_compiling()
+        and all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors)
+        and not torch._C._len_torch_dispatch_stack()
+        and not torch._C._are_functorch_transforms_active()
+    )
+
+
 def monarch_matmul(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
     """Monarch product of ``x`` (..., k*p) with ``w1`` (k, q, p) and ``w2`` (l, s, r).
 
@@ -228,7 +278,10 @@ def monarch_matmul(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch
     torch.Size([8, 10])
     """
     _check(x, w1, w2)
-    if torch.is_grad_enabled() and (x.requires_grad or w1.requires_grad or w2.requires_grad):
-        # keep the intermediate for the backward rather than recompute it there
+    # keep the intermediate for the backward rather than recompute it there
+    grad = torch.is_grad_enabled() and (x.requires_grad or w1.requires_grad or w2.requires_grad)
+    if _eager(x, w1, w2):
+        return _MonarchMatmul.apply(x, w1, w2) if grad else _forward(x, w1, w2, keep=False)[0]
+    if grad:
         return torch.ops.monarch_kernels.monarch_matmul_keep(x, w1, w2)[0]
     return torch.ops.monarch_kernels.monarch_matmul(x, w1, w2)
