@@ -12,7 +12,7 @@ the grouped (3-d) kernel; the blas path's two bmm calls and its output permutati
 bmm of a block-major stage and a plain copy for scale. Then the host's cost: microseconds of
 Python and launch work per call at a batch small enough that the device keeps up (each path,
 the public function (eager route) and the custom ops, with and without autograd, one Triton launch, one bmm), with a cProfile of the
-op's calls written to ``$OUT/host_profile.txt`` where OUT is set; then a torch.profiler
+op's calls written to ``$OUT/host_profile_<n>_<blocks>.txt`` where OUT is set; then a torch.profiler
 breakdown of the op's forward and backward, per kernel.
 """
 
@@ -219,7 +219,8 @@ def host_costs(w1: torch.Tensor, w2: torch.Tensor, batch: int = 256) -> None:
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(40)
     pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(60)
     if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "host_profile.txt"), "w") as f:
+        name = f"host_profile_{n}_{w1.shape[0]}.txt"
+        with open(os.path.join(os.environ["OUT"], name), "w") as f:
             f.write(text.getvalue())
 
 
