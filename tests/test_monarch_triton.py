@@ -128,8 +128,13 @@ def test_every_config_compiles_for_its_gpus(config_set):
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="needs compiled kernels")
 @pytest.mark.parametrize("config_set", ["cuda", "hip-gfx942", "hip-gfx950"])
 def test_permutation_kernels_compile_for_its_gpus(config_set):
-    """The two data-movement kernels (block sizes fixed by their launchers), both directions."""
-    from monarch_kernels.triton_kernels import _batch_last_kernel, _transpose_rows_kernel
+    """The kernels with block sizes fixed by their launchers: the two data-movement kernels
+    (both directions) and the split-partial sum."""
+    from monarch_kernels.triton_kernels import (
+        _batch_last_kernel,
+        _sum_splits_kernel,
+        _transpose_rows_kernel,
+    )
 
     for backend, arch, warp, _smem in TARGETS[config_set]:
         for dtype in ("bf16", "fp32"):
@@ -139,6 +144,8 @@ def test_permutation_kernels_compile_for_its_gpus(config_set):
                 assert ("cubin" if backend == "cuda" else "hsaco") in binary.asm
             consts = {"BLOCK_M": 2, "BLOCK_P": 64, "BLOCK_Q": 64}
             binary = _compile(_transpose_rows_kernel, consts, {}, (backend, arch, warp), dtype)
+            assert ("cubin" if backend == "cuda" else "hsaco") in binary.asm
+            binary = _compile(_sum_splits_kernel, {"BLOCK": 1024}, {}, (backend, arch, warp), dtype)
             assert ("cubin" if backend == "cuda" else "hsaco") in binary.asm
 
 

@@ -17,7 +17,8 @@ The output permutation interleaves blocks (``y[b, a*l + j]``): ``_block_group_ke
 several blocks' tiles so that each thread stores a run of consecutive outputs, and
 ``_transpose_rows_kernel`` applies (or undoes) the permutation at copy speed for the paths
 that keep data block-major; ``_batch_last_kernel`` does the same between ``y`` and the BLAS
-path's batch-last ``(l, s, B)``.
+path's batch-last ``(l, s, B)``. ``_sum_splits_kernel`` finishes the weight gradients' split
+partials.
 
 Why the fused forward uses an L2 scratch rather than registers: stage-2 block j needs element
 ``rr*l + j`` of the stage-1 output for every rr, i.e. q/l elements from every stage-1 block
@@ -470,6 +471,24 @@ def _batch_last_kernel(
         tl.store(flat, tl.load(blk, mask=mask), mask=mask)
     else:
         tl.store(blk, tl.load(flat, mask=mask), mask=mask)
+
+
+@triton.jit
+def _sum_splits_kernel(
+    partial_ptr, out1_ptr, out2_ptr, N1, N, SPLITS, stride_split, BLOCK: tl.constexpr
+):
+    """``out1 ‖ out2 = sum over splits of part[split, :]``, summed in float32 in split order
+    (deterministic) and stored in the outputs' dtype: both weight gradients' partials (laid
+    side by side, ``N1`` and ``N - N1`` values) finished in one launch. Grid: column tiles."""
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for sp in range(0, SPLITS):
+        acc += tl.load(partial_ptr + sp * stride_split + cols, mask=mask, other=0.0)
+    first = cols < N1
+    tl.store(out1_ptr + cols, acc.to(out1_ptr.dtype.element_ty), mask=mask & first)
+    rest = tl.where(first, 0, cols - N1)  # masked lanes keep a valid offset
+    tl.store(out2_ptr + rest, acc.to(out2_ptr.dtype.element_ty), mask=mask & ~first)
 
 
 @triton.jit

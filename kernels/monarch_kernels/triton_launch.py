@@ -26,6 +26,7 @@ from .triton_kernels import (
     _block_stage_wgrad_kernel,
     _block_wgrad_kernel,
     _monarch_fused_kernel,
+    _sum_splits_kernel,
     _transpose_rows_kernel,
 )
 
@@ -430,10 +431,36 @@ def _transpose_rows(t: torch.Tensor, P: int, Q: int) -> torch.Tensor:
     return out
 
 
-def _wgrad(a, b, nblk, o, c, B, s_a, s_b, splits, config, dtype) -> torch.Tensor:
-    """``sum over rows of a[m, blk, :] outer b[m, blk, :]`` -> ``(nblk, o, c)``, deterministic."""
+class _Partials:
+    """Both weight gradients' split partials in one float32 buffer, ``(splits, *w1.shape)`` and
+    ``(splits, *w2.shape)`` side by side, so that one launch sums and casts both (a sum and a
+    cast for each took four)."""
+
+    def __init__(self, splits: int, w1: torch.Tensor, w2: torch.Tensor) -> None:
+        self.shapes = (w1.shape, w2.shape)
+        self.n1 = w1.numel()
+        self.buf = torch.empty(splits, self.n1 + w2.numel(), device=w1.device, dtype=torch.float32)
+        self.dw1 = self.buf[:, : self.n1].view(splits, *w1.shape)
+        self.dw2 = self.buf[:, self.n1 :].view(splits, *w2.shape)
+
+    def finish(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(dw1, dw2)``: the partials summed in split order (deterministic), in ``dtype``,
+        as two tensors of their own (custom ops may not return aliases of one another)."""
+        dw1 = self.buf.new_empty(self.shapes[0], dtype=dtype)
+        dw2 = self.buf.new_empty(self.shapes[1], dtype=dtype)
+        splits, n = self.buf.shape
+        block = 1024
+        _sum_splits_kernel[(_cdiv(n, block),)](
+            self.buf, dw1, dw2, self.n1, n, splits, self.buf.stride(0), BLOCK=block
+        )
+        return dw1, dw2
+
+
+def _wgrad(a, b, partial, nblk, o, c, B, s_a, s_b, config) -> None:
+    """``partial[split] = sum over the split's rows of a[m, blk, :] outer b[m, blk, :]``, for
+    ``partial`` (splits, nblk, o, c)."""
+    splits = partial.shape[0]
     rows_per_split = _cdiv(B, splits)
-    partial = torch.empty(splits, nblk, o, c, device=a.device, dtype=torch.float32)
 
     def grid(meta):
         tiles = _cdiv(o, meta["BLOCK_O"]) * _cdiv(c, meta["BLOCK_C"])
@@ -441,7 +468,6 @@ def _wgrad(a, b, nblk, o, c, B, s_a, s_b, splits, config, dtype) -> torch.Tensor
 
     args = (a, b, partial, B, nblk, o, c, rows_per_split, *s_a, *s_b, *partial.stride())
     _launch("wgrad", grid, args, config)
-    return partial.sum(0).to(dtype)
 
 
 def _stage_wgrad_configs(config, *blocks: tuple[int, int]) -> list:
@@ -451,15 +477,14 @@ def _stage_wgrad_configs(config, *blocks: tuple[int, int]) -> list:
     return [c for c in candidates if all(_covers(c, o, r) for o, r in blocks)]
 
 
-def _stage_wgrad(inp, w, out, other, sizes, strides, splits, config, dtype) -> torch.Tensor:
-    """``out = stage(inp, w)`` and, from the same loads, ``sum over rows of inp outer other``
-    -> ``(nblk, c, o)`` in ``dtype``, deterministic (split partials summed afterwards)."""
+def _stage_wgrad(inp, w, out, other, partial, sizes, strides, config) -> None:
+    """``out = stage(inp, w)`` and, from the same loads, ``partial[split] = sum over the
+    split's rows of inp outer other``, for ``partial`` (splits, nblk, c, o)."""
     B, nblk, o, c = sizes
-    partial = torch.empty(splits, nblk, c, o, device=inp.device, dtype=torch.float32)
+    splits = partial.shape[0]
     args = (inp, w, out, other, partial, B, nblk, o, c, _cdiv(B, splits))
     args += (*strides, *partial.stride())
     _launch("stage_wgrad", lambda meta: (splits, nblk), args, config)
-    return partial.sum(0).to(dtype)
 
 
 def monarch_backward(
@@ -523,11 +548,12 @@ def monarch_backward(
         cfg = configs.get("stage_wgrad") or (fitting[0] if interpreting() else None)
         # dF = dY w2[j] (intermediate order) with dw2[j] = dY[j].T G[j], G[b, j, rr] =
         # h[rr*l + j, b]; then dx = dF w1[i] with dw1[i] = dF[i].T x[i]
+        partials = _Partials(splits, w1, w2)
         strides = (*sdy, *sw2t, 1, B, l * B, 1, B, l * B)
-        dw2 = _stage_wgrad(dy2, w2, df, h, (B, l, r, s), strides, splits, cfg, w2.dtype)
+        _stage_wgrad(dy2, w2, df, h, partials.dw2, (B, l, r, s), strides, cfg)
         strides = (1, q * B, B, *sw1t, *sdx, *sx)
-        dw1 = _stage_wgrad(df, w1, dx, x2, (B, k, p, q), strides, splits, cfg, w1.dtype)
-        return dx, dw1, dw2
+        _stage_wgrad(df, w1, dx, x2, partials.dw1, (B, k, p, q), strides, cfg)
+        return dx, *partials.finish(w1.dtype)
     if path == "fused":
         sizes = (B, l, r, s, k, p, q)
         # Stage A writes element rr of block j at rr*l + j; stage B reads i*q + a.
@@ -537,10 +563,12 @@ def monarch_backward(
     else:
         _stage(dy2, w2, df, B, l, r, s, sdy, sw2t, (1, B, l * B), configs)
         _stage(df, w1, dx, B, k, p, q, (1, q * B, B), sw1t, sdx, configs)
-    dw1 = _wgrad(df, x2, k, q, p, B, (1, q * B, B), sx, splits, configs.get("wgrad"), w1.dtype)
+    partials = _Partials(splits, w1, w2)
+    cfg = configs.get("wgrad")
+    _wgrad(df, x2, partials.dw1, k, q, p, B, (1, q * B, B), sx, cfg)
     # dw2[j] = dY[j].T @ G[j], with G[b, j, rr] = h[rr*l + j, b]
-    dw2 = _wgrad(dy2, h, l, s, r, B, sdy, (1, B, l * B), splits, configs.get("wgrad"), w2.dtype)
-    return dx, dw1, dw2
+    _wgrad(dy2, h, partials.dw2, l, s, r, B, sdy, (1, B, l * B), cfg)
+    return dx, *partials.finish(w1.dtype)
 
 
 def _blas_backward(dy2, x2, w1, w2, h, splits, wgrad_config):
@@ -556,8 +584,9 @@ def _blas_backward(dy2, x2, w1, w2, h, splits, wgrad_config):
     dht, dx = blas.input_grads(dyt, w1, w2, strided_out=True)
     h = blas.stage_one(x2, w1).view(k * q, B) if h is None else h
     sx = (x2.stride(0), p * x2.stride(1), x2.stride(1))
-    dw1 = _wgrad(dht, x2, k, q, p, B, (1, q * B, B), sx, splits, wgrad_config, w1.dtype)
+    partials = _Partials(splits, w1, w2)
+    _wgrad(dht, x2, partials.dw1, k, q, p, B, (1, q * B, B), sx, wgrad_config)
     # dw2[j] = dY[j].T @ G[j], with G[b, j, rr] = h[rr*l + j, b]
     sdy = (1, s * B, B)
-    dw2 = _wgrad(dyt, h, l, s, r, B, sdy, (1, B, l * B), splits, wgrad_config, w2.dtype)
-    return dx, dw1, dw2
+    _wgrad(dyt, h, partials.dw2, l, s, r, B, sdy, (1, B, l * B), wgrad_config)
+    return dx, *partials.finish(w1.dtype)
