@@ -247,6 +247,14 @@ def test_path_choice_times_each_direction_once_per_shape(monkeypatch):
     assert len(made) == 2 and len(triton_launch._path_choice) == 2  # nothing timed or kept
     capturing[0] = False
 
+    # within 3% of the fastest the first listed wins (candidates come fewest launches first)
+    times.update(two_kernel=1.02, three_kernel=1.0, blas=1.5)
+    z = torch.randn(5, 8)
+    assert triton_launch._choose("forward", (z,), all3, "two_kernel") == "two_kernel"
+    times.update(two_kernel=1.04)
+    assert triton_launch._choose("forward", (z.t(),), all3, "two_kernel") == "three_kernel"
+    times.update(two_kernel=3.0, three_kernel=1.0, blas=2.0)
+
     # a path that does not build here is left out, with a warning, and the rest still choose
     def too_big():
         raise triton.OutOfResources(300000, 232448, "shared memory")

@@ -315,8 +315,9 @@ def _choose_forward_path(x2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, l
         return "two_kernel"  # nothing to time
 
     def runs() -> dict:
-        # with one output block there is no output permutation: three_kernel is two_kernel
-        paths = ("two_kernel", "blas") if l == 1 else ("two_kernel", "three_kernel", "blas")
+        # fewest launches first (see _choose); with one output block there is no output
+        # permutation: three_kernel is two_kernel
+        paths = ("two_kernel", "blas") if l == 1 else ("two_kernel", "blas", "three_kernel")
         return {p: (lambda p=p: monarch_forward(x2, w1, w2, path=p)) for p in paths}
 
     return _choose("forward", (x2, w1, w2), runs, "three_kernel")
@@ -330,7 +331,7 @@ def _choose_backward_path(dy2, x2, w1, w2, h) -> str:
         # three_kernel differs from two_kernel only where the weight gradients can fuse
         (_k, q, p), (_l, s, r) = w1.shape, w2.shape
         fusable = bool(_stage_wgrad_configs(None, (r, s), (p, q)))
-        paths = ("two_kernel", "three_kernel", "blas") if fusable else ("two_kernel", "blas")
+        paths = ("two_kernel", "blas", "three_kernel") if fusable else ("two_kernel", "blas")
         return {
             path: (lambda path=path: monarch_backward(dy2, x2, w1, w2, path=path, h=h))
             for path in paths
@@ -371,7 +372,10 @@ def _choose(direction: str, tensors: tuple, make_runs, capturing: str) -> str:
         for _ in range(5):
             for p, run in runs.items():
                 best[p] = min(best[p], _call_ms(run))
-        _path_choice[key] = min(best, key=best.get)
+        # within 3% of the fastest, the first listed: candidates come fewest launches first,
+        # and where the device's times tie, the host's share decides a training step
+        fastest = min(best.values())
+        _path_choice[key] = next(p for p in runs if best[p] <= 1.03 * fastest)
     return _path_choice[key]
 
 
