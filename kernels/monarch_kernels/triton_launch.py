@@ -347,8 +347,8 @@ def _choose(direction: str, tensors: tuple, make_runs, capturing: str) -> str:
     Which path wins depends on the chip, the host and the shape: grouped vector stores against
     one more pass at copy speed, Triton's block products against the vendor BLAS's, three
     launches against one. Like Triton's autotuner, the choice is timed on first use and kept
-    per shape. Inside a CUDA-graph
-    capture nothing can be timed, so a shape first seen there takes ``capturing``.
+    per shape. Inside a CUDA-graph capture nothing can be timed, so a shape first seen there
+    takes ``capturing``.
     """
     first = tensors[0]
     key = (
