@@ -86,7 +86,8 @@ def check(config_set: str, direction: str) -> int:
                         _close(name, a, b, ctx)
                 count += 1
         # the BLAS path: torch.bmm for the block products, the batch-last Triton pass for the
-        # output permutation, the wgrad kernel (backward), with and without a kept intermediate
+        # output permutation, the wgrad kernel or torch.bmm (backward), with and without a kept
+        # intermediate
         ctx = f"{config_set} {direction} blas shape {shape}"
         y, h = monarch_forward(x, w1, w2, path="blas", keep=True)
         _close("y", y, want, ctx)
@@ -96,6 +97,10 @@ def check(config_set: str, direction: str) -> int:
                 got = monarch_backward(dy, x, w1, w2, path="blas", h=kept, splits=2)
                 for name, a, b in zip(("dx", "dw1", "dw2"), got, grads, strict=True):
                     _close(name, a, b, f"{ctx} kept={kept is not None}")
+                # the weight gradients on the vendor GEMM too, as on CUDA
+                got = triton_launch._blas_backward(dy, x, w1, w2, kept, 2, None, True)
+                for name, a, b in zip(("dx", "dw1", "dw2"), got, grads, strict=True):
+                    _close(name, a, b, f"{ctx} kept={kept is not None} vendor weight gradients")
         count += 1
     return count
 

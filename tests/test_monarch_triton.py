@@ -289,6 +289,27 @@ def test_path_choice_times_each_direction_once_per_shape(monkeypatch):
     ]
 
 
+def test_blas_weight_gradients_use_the_vendor_gemm_only_where_it_is_deterministic(monkeypatch):
+    """cuBLAS (reproducible by design) takes the blas path's weight gradients; ROCm builds
+    (rocBLAS allows atomics) and torch's deterministic mode keep the split-reduction kernel.
+    Both routes are checked against the reference under the interpreter."""
+    import torch
+    from monarch_kernels import triton_launch
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert not triton_launch.vendor_weight_grads(cpu)
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert triton_launch.vendor_weight_grads(cuda)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert not triton_launch.vendor_weight_grads(cuda)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    monkeypatch.setattr(torch.version, "hip", "6.4")
+    assert not triton_launch.vendor_weight_grads(cuda)
+
+
 def test_autotuned_config_is_launched_directly_after_the_first_call(monkeypatch):
     """After Triton's autotuner has chosen for a key, the launcher runs the kernel with that
     config itself; a new key (sizes, dtype or constants) goes back to the autotuner. The

@@ -527,7 +527,8 @@ def monarch_backward(
         tiles = 1 if fuse else max(1, (q // 64) * (p // 64))
         splits = max(1, min(_cdiv(8 * sms, max(k, l) * tiles), _cdiv(B, 256)))
     if path == "blas":
-        return _blas_backward(dy2, x2, w1, w2, h, splits, configs.get("wgrad"))
+        vendor = vendor_weight_grads(x2.device)
+        return _blas_backward(dy2, x2, w1, w2, h, splits, configs.get("wgrad"), vendor)
     sx = (x2.stride(0), p * x2.stride(1), x2.stride(1))
     # dY[b, j, a] = dy[b, a*l + j]: put into block-major order once, for the three readers
     # (no permutation to undo when l or s is 1)
@@ -575,11 +576,28 @@ def monarch_backward(
     return dx, *partials.finish(w1.dtype)
 
 
-def _blas_backward(dy2, x2, w1, w2, h, splits, wgrad_config):
+def vendor_weight_grads(device: torch.device) -> bool:
+    """Whether the ``blas`` backward takes its weight gradients from the vendor GEMM too.
+
+    On CUDA, yes: cuBLAS GEMMs give bitwise identical results run to run on one GPU model
+    (its documentation's reproducibility guarantee; no atomics) and run wide blocks about
+    twice as fast as the split-reduction kernel. On ROCm builds of torch (whose GEMMs are
+    rocBLAS's and hipBLASLt's), no: rocBLAS allows atomics by default. Nor under
+    ``torch.use_deterministic_algorithms(True)``, where torch refuses cuBLAS GEMMs unless
+    ``CUBLAS_WORKSPACE_CONFIG`` is set; the split-reduction kernel needs neither.
+    """
+    return (
+        device.type == "cuda"
+        and torch.version.hip is None
+        and not torch.are_deterministic_algorithms_enabled()
+    )
+
+
+def _blas_backward(dy2, x2, w1, w2, h, splits, wgrad_config, vendor_wgrad=False):
     """The backward on the vendor BLAS: dy put batch-last once (one Triton pass), the input
     gradient's two GEMMs writing the permuted layouts through strided views, and the weight
-    gradients on the deterministic split-reduction kernel (vendor GEMMs may reduce with
-    atomics, rocBLAS by default)."""
+    gradients on the vendor GEMM (``vendor_wgrad``) or on the deterministic split-reduction
+    kernel."""
     k, q, p = w1.shape
     l, s, r = w2.shape
     B = x2.shape[0]
@@ -587,6 +605,8 @@ def _blas_backward(dy2, x2, w1, w2, h, splits, wgrad_config):
     _batch_last(dy2, dyt, l, s, to_flat=False)
     dht, dx = blas.input_grads(dyt, w1, w2, strided_out=True)
     h = blas.stage_one(x2, w1).view(k * q, B) if h is None else h
+    if vendor_wgrad:
+        return dx, *blas.weight_grads(dyt, dht, x2, h.view(k, q, B), l)
     sx = (x2.stride(0), p * x2.stride(1), x2.stride(1))
     partials = _Partials(splits, w1, w2)
     _wgrad(dht, x2, partials.dw1, k, q, p, B, (1, q * B, B), sx, wgrad_config)
