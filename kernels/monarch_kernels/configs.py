@@ -7,7 +7,8 @@ features of a block) and ``BLOCK_C`` (the reduction):
   wherever the output's features are contiguous;
 * ``"group"`` — one stage, ``BLOCK_J`` blocks per program (``_block_group_kernel``), where the
   output interleaves the blocks (``y[b, a*l + j]``): ``BLOCK_J`` is the run of consecutive
-  outputs each thread writes with one vector store;
+  outputs each thread writes with one vector store; ``DENSE`` computes the group as one
+  matmul tile (``BLOCK_J`` times the multiply-adds, one pipelined loop);
 * ``"fused"`` — both stages in one pass (``_monarch_fused_kernel``). Its per-program scratch
   is ``BLOCK_M x k*q`` and must stay in L2, so its ``BLOCK_M`` stays small;
 * ``"wgrad"`` — weight gradients (``_block_wgrad_kernel``); ``BLOCK_M`` is the reduction step;
@@ -58,24 +59,27 @@ def _fits(cfg: triton.Config, smem_bytes: int, elt: int = 2, resident: bool = Fa
     """Operand tiles of every pipeline stage must fit the chip's shared memory / LDS.
 
     A grouped config computes its blocks one after another, so it needs one block's tiles at
-    a time, plus room to interleave the fp32 accumulators of its blocks on the way out.
+    a time (a dense one: one block's rows and the whole group's weight operand), plus room to
+    interleave the fp32 accumulators of its blocks on the way out.
     ``resident``: the stage_wgrad kernel, which pipelines two row tiles (BLOCK_M x BLOCK_C and
     BLOCK_M x BLOCK_O) and keeps a BLOCK_C x BLOCK_O weight tile.
     """
     kw = cfg.kwargs
     stages = max(cfg.num_stages, 1)
     m, o, c = kw["BLOCK_M"], kw["BLOCK_O"], kw["BLOCK_C"]
-    tiles = m * c + (m if resident else c) * o  # per pipeline stage
+    # a dense group's weight operand holds the group's blocks side by side
+    w_cols = o * kw["BLOCK_J"] if kw.get("DENSE") else o
+    tiles = m * c + (m if resident else c) * w_cols  # per pipeline stage
     need = tiles * elt * stages + (c * o * elt if resident else 0)
     if "BLOCK_J" in kw:
         need = max(need, kw["BLOCK_J"] * m * o * 4)
     return need <= smem_bytes
 
 
-def _group(shapes, **options) -> list[triton.Config]:
+def _group(shapes, dense: bool = False, **options) -> list[triton.Config]:
     return [
         triton.Config(
-            {"BLOCK_J": j, "BLOCK_M": m, "BLOCK_O": o, "BLOCK_C": c, **options},
+            {"BLOCK_J": j, "BLOCK_M": m, "BLOCK_O": o, "BLOCK_C": c, "DENSE": dense, **options},
             num_warps=w,
             num_stages=s,
         )
@@ -108,7 +112,12 @@ def _cuda_configs(kind: str = "stage") -> list[triton.Config]:
             (16, 16, 64, 64, 4, 2),
             (32, 16, 32, 64, 4, 2),
         ]
-        return [c for c in _group(shapes) if _fits(c, _SMEM_BYTES["cuda"])]
+        # Dense groups: the group is one matmul tile (BLOCK_J times the multiply-adds) whose
+        # loop keeps loads in flight across blocks; N = BLOCK_O * BLOCK_J = 128 is a full
+        # Hopper wgmma / Ampere mma tile, 128 rows take the weight operand over many rows.
+        dense = [(4, 128, 32, 64, 8, 3), (4, 64, 32, 64, 4, 3), (2, 128, 64, 64, 8, 3)]
+        cfgs = _group(shapes) + _group(dense, dense=True)
+        return [c for c in cfgs if _fits(c, _SMEM_BYTES["cuda"])]
     if kind == "fused":
         # One program per SM holds BLOCK_M x k*q of scratch in L2: 16-32 rows keep 132 SMs'
         # scratch within a few tens of MB at width 4096.
@@ -161,12 +170,16 @@ def _hip_configs(kind: str = "stage", arch: str | None = None) -> list[triton.Co
         # 64 KB of LDS on MI300X: one block's 64-row tile and weights at a time (the blocks of
         # a group are computed one after another); MI355X's 160 KB takes deeper pipelines.
         shapes = [(4, 64, 32, 32, 4, 2, 2), (8, 64, 16, 64, 4, 2, 2), (16, 32, 16, 64, 4, 2, 2)]
+        # dense groups (see _cuda_configs): a 64 x 128 tile, two stages within 48 KB
+        dense = [(4, 64, 32, 64, 4, 2, 2), (2, 64, 64, 64, 4, 2, 2)]
         if big:
             shapes += [(8, 64, 32, 64, 4, 3, 1), (4, 128, 32, 64, 8, 3, 1)]
+            dense += [(4, 128, 32, 64, 8, 2, 1)]
         cfgs = [
             cfg
-            for *shape, wpe in shapes
-            for cfg in _group([shape], waves_per_eu=wpe, matrix_instr_nonkdim=16)
+            for group, is_dense in ((shapes, False), (dense, True))
+            for *shape, wpe in group
+            for cfg in _group([shape], is_dense, waves_per_eu=wpe, matrix_instr_nonkdim=16)
         ]
         return [c for c in cfgs if _fits(c, _SMEM_BYTES["gfx950" if big else "gfx942"])]
     if kind == "fused":

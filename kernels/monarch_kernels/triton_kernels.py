@@ -190,6 +190,64 @@ def _interleaved_tiles(
 
 
 @triton.jit
+def _dense_interleaved_tiles(
+    in_ptr,
+    w_ptr,
+    offs_m,
+    mask_m,
+    blk0,
+    o0,
+    NRED,
+    NOUT,
+    stride_in_m,
+    stride_in_blk,
+    stride_in_c,
+    stride_w_blk,
+    stride_w_o,
+    stride_w_c,
+    BLOCK_J: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_O: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """The tiles of blocks ``blk0 + t`` (t < BLOCK_J) as one fp32 ``(BLOCK_M, BLOCK_O *
+    BLOCK_J)`` accumulator, column ``o*BLOCK_J + t`` holding block ``blk0 + t``'s output
+    ``o0 + o``: what ``_interleaved_tiles`` returns, reshaped.
+
+    Each step of one loop reduces BLOCK_C features of one block against that block's
+    weights, loaded into its own columns of a ``(BLOCK_C, BLOCK_O * BLOCK_J)`` operand (zeros
+    in the other blocks' columns). That costs BLOCK_J times the multiply-adds, which narrow,
+    memory-bound blocks have to spare; in exchange the group is one ordinary matmul tile
+    whose loop the compiler pipelines across blocks, so the next blocks' loads are in flight
+    while one block is multiplied (one block at a time, each of its loads waited for, is
+    what the joined tiles compile to).
+    """
+    offs_c = tl.arange(0, BLOCK_C)
+    cols = tl.arange(0, BLOCK_O * BLOCK_J)
+    col_blk = cols % BLOCK_J
+    col_o = o0 + cols // BLOCK_J
+    acc = tl.zeros((BLOCK_M, BLOCK_O * BLOCK_J), dtype=tl.float32)
+    in_rows = in_ptr + offs_m[:, None] * stride_in_m
+    w_cols = w_ptr + col_o[None, :] * stride_w_o
+    steps = tl.cdiv(NRED, BLOCK_C)
+    for step in range(0, BLOCK_J * steps):
+        t = step // steps
+        cc = (step - t * steps) * BLOCK_C + offs_c
+        a = tl.load(
+            in_rows + (blk0 + t) * stride_in_blk + cc[None, :] * stride_in_c,
+            mask=mask_m[:, None] & (cc[None, :] < NRED),
+            other=0.0,
+        )
+        w = tl.load(
+            w_cols + (blk0 + t) * stride_w_blk + cc[:, None] * stride_w_c,
+            mask=(col_blk[None, :] == t) & (cc[:, None] < NRED) & (col_o[None, :] < NOUT),
+            other=0.0,
+        )  # (BLOCK_C, BLOCK_O * BLOCK_J): w[blk0 + t] transposed, in block t's columns
+        acc = tl.dot(a.to(w.dtype), w, acc, input_precision="ieee")
+    return acc
+
+
+@triton.jit
 def _block_group_kernel(
     in_ptr,
     w_ptr,
@@ -211,22 +269,31 @@ def _block_group_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_O: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    DENSE: tl.constexpr = False,
 ):
     """One stage, BLOCK_J consecutive blocks per program, for an output whose block index is
     the contiguous one (the forward's ``y[b, a*l + j]``).
 
     The blocks' tiles are joined so that each thread holds BLOCK_J consecutive outputs of one
     row and feature: one vector store of BLOCK_J elements instead of BLOCK_J scattered ones.
+    ``DENSE`` computes the group as one matmul tile instead (``_dense_interleaved_tiles``).
     BLOCK_J must divide NBLK (the launcher prunes configs that do not).
     """
     pid_m, blk0, o0 = _tile_order(NBLK, NOUT, BLOCK_J, BLOCK_O)
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     mask_m = offs_m < B
-    tiles = _interleaved_tiles(
-        in_ptr, w_ptr, offs_m, mask_m, blk0, o0, NRED, NOUT,
-        stride_in_m, stride_in_blk, stride_in_c, stride_w_blk, stride_w_o, stride_w_c,
-        1, BLOCK_J, BLOCK_M, BLOCK_O, BLOCK_C,
-    )  # fmt: skip
+    if DENSE:
+        tiles = _dense_interleaved_tiles(
+            in_ptr, w_ptr, offs_m, mask_m, blk0, o0, NRED, NOUT,
+            stride_in_m, stride_in_blk, stride_in_c, stride_w_blk, stride_w_o, stride_w_c,
+            BLOCK_J, BLOCK_M, BLOCK_O, BLOCK_C,
+        )  # fmt: skip
+    else:
+        tiles = _interleaved_tiles(
+            in_ptr, w_ptr, offs_m, mask_m, blk0, o0, NRED, NOUT,
+            stride_in_m, stride_in_blk, stride_in_c, stride_w_blk, stride_w_o, stride_w_c,
+            1, BLOCK_J, BLOCK_M, BLOCK_O, BLOCK_C,
+        )  # fmt: skip
     acc = tl.reshape(tiles, (BLOCK_M, BLOCK_O, BLOCK_J))
     offs_o = o0 + tl.arange(0, BLOCK_O)
     offs_j = blk0 + tl.arange(0, BLOCK_J)

@@ -38,7 +38,8 @@ def _copy_bandwidth(dev: torch.device) -> float:
 def _fmt(cfg: triton.Config) -> str:
     kw = {k: v for k, v in cfg.kwargs.items() if k.startswith("BLOCK_")}
     dims = "/".join(f"{k[6:]}{v}" for k, v in kw.items())
-    return f"{dims} w{cfg.num_warps} s{cfg.num_stages}"
+    dense = " dense" if cfg.kwargs.get("DENSE") else ""
+    return f"{dims}{dense} w{cfg.num_warps} s{cfg.num_stages}"
 
 
 def main(argv: list[str] | None = None) -> None:
