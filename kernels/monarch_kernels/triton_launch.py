@@ -78,7 +78,8 @@ _KERNELS = {
 GROUPED = True  # False sends every stage to the one-block kernel (tuning and tests)
 _autotuned: dict[str, object] = {}  # kind -> Triton's autotuner over the backend's configs
 _tuned: dict[tuple, triton.Config] = {}  # (kind, autotuning key) -> the config it chose
-_key_positions: dict[str, tuple[int, ...]] = {}
+_key_positions: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+_fitting: dict[tuple, list] = {}  # (the backend's stage_wgrad configs, blocks) -> those that fit
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -194,14 +195,18 @@ def _autotuner(kind: str):
 
 def _tuning_key(kind: str, args: tuple, const: dict) -> tuple:
     """What Triton's autotuner keys ``kind`` on (the ``_KEYS`` arguments and the tensors'
-    dtypes), plus the constants, read from the positional ``args``."""
+    dtypes), plus the constants, read from the positional ``args`` (a kind's launcher always
+    passes tensors at the same positions)."""
     if kind not in _key_positions:
-        names = _KERNELS[kind].arg_names
-        _key_positions[kind] = tuple(names.index(k) for k in _KEYS[kind] if k in names[: len(args)])
+        names = _KERNELS[kind].arg_names[: len(args)]
+        keys = tuple(names.index(k) for k in _KEYS[kind] if k in names)
+        tensors = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+        _key_positions[kind] = keys, tensors
+    keys, tensors = _key_positions[kind]
     return (
         kind,
-        *(args[i] for i in _key_positions[kind]),
-        *(a.dtype for a in args if isinstance(a, torch.Tensor)),
+        *[args[i] for i in keys],
+        *[args[i].dtype for i in tensors],
         *const.items(),
     )
 
@@ -477,8 +482,13 @@ def _wgrad(a, b, partial, nblk, o, c, B, s_a, s_b, config) -> None:
 def _stage_wgrad_configs(config, *blocks: tuple[int, int]) -> list:
     """The stage_wgrad configs (``config`` or the backend's) whose tile holds every
     ``(nout, nred)`` block given; empty where the blocks are too wide to fuse."""
-    candidates = [config] if config else get_configs("stage_wgrad")
-    return [c for c in candidates if all(_covers(c, o, r) for o, r in blocks)]
+    if config:
+        return [config] if all(_covers(config, o, r) for o, r in blocks) else []
+    candidates = get_configs("stage_wgrad")  # kept by configs.py: one list per override
+    key = (id(candidates), blocks)
+    if key not in _fitting:
+        _fitting[key] = [c for c in candidates if all(_covers(c, o, r) for o, r in blocks)]
+    return _fitting[key]
 
 
 def _stage_wgrad(inp, w, out, other, partial, sizes, strides, config) -> None:
