@@ -77,8 +77,11 @@ def _compile(kernel, constexprs: dict, options: dict, target, dtype: str):
             signature[name] = f"*{dtype}"
         else:
             signature[name] = "i32"
+    from monarch_kernels.triton_launch import _OPTIONS
+
     src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-    return triton.compile(src, target=GPUTarget(*target), options=options)
+    # the options every launch passes, as the launchers pass them
+    return triton.compile(src, target=GPUTarget(*target), options={**_OPTIONS, **options})
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="needs compiled kernels")

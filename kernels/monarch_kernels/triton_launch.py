@@ -55,6 +55,10 @@ KIND_PATHS = {
     "wgrad": "three_kernel",
     "stage_wgrad": "two_kernel",
 }
+# Compiler options of every launch. FMA contraction stays on as Triton has always defaulted;
+# said explicitly, the kernels compile the same on Triton 3.10 (whose default turns it off)
+# and Triton 3.9 does not warn each process about the coming change.
+_OPTIONS = {"enable_fp_fusion": True}
 _path_choice: dict[tuple, str] = {}  # (direction, shapes, strides, dtype, device) -> path
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_BLOCKS = 65535  # grid axis 1 carries the block index
@@ -176,11 +180,11 @@ def _launch(kind: str, grid, args: tuple, config: triton.Config | None, **const)
         config = _tuned.get(key)
         if config is None:
             tuner = _autotuner(kind)
-            tuner[grid](*args, **const)
+            tuner[grid](*args, **const, **_OPTIONS)
             if getattr(tuner, "best_config", None) is not None:
                 _tuned[key] = tuner.best_config
             return
-    kernel[grid(config.kwargs)](*args, **const, **config.all_kwargs())
+    kernel[grid(config.kwargs)](*args, **const, **config.all_kwargs(), **_OPTIONS)
 
 
 def _autotuner(kind: str):
@@ -420,7 +424,17 @@ def _batch_last(flat: torch.Tensor, blk: torch.Tensor, l: int, s: int, *, to_fla
     B = flat.shape[0]
     grid = (_cdiv(B, 64), _cdiv(s * l, 64))
     _batch_last_kernel[grid](
-        flat, blk, B, s, l, *flat.stride(), *blk.stride(), TO_FLAT=to_flat, BLOCK_M=64, BLOCK_O=64
+        flat,
+        blk,
+        B,
+        s,
+        l,
+        *flat.stride(),
+        *blk.stride(),
+        TO_FLAT=to_flat,
+        BLOCK_M=64,
+        BLOCK_O=64,
+        **_OPTIONS,
     )
 
 
@@ -435,7 +449,7 @@ def _transpose_rows(t: torch.Tensor, P: int, Q: int) -> torch.Tensor:
     bm = max(1, 8192 // (bp * bq))
     grid = (_cdiv(B, bm), _cdiv(P, bp), _cdiv(Q, bq))
     _transpose_rows_kernel[grid](
-        t, out, B, P, Q, t.stride(0), out.stride(0), BLOCK_M=bm, BLOCK_P=bp, BLOCK_Q=bq
+        t, out, B, P, Q, t.stride(0), out.stride(0), BLOCK_M=bm, BLOCK_P=bp, BLOCK_Q=bq, **_OPTIONS
     )
     return out
 
@@ -460,7 +474,7 @@ class _Partials:
         splits, n = self.buf.shape
         block = 1024
         _sum_splits_kernel[(_cdiv(n, block),)](
-            self.buf, dw1, dw2, self.n1, n, splits, self.buf.stride(0), BLOCK=block
+            self.buf, dw1, dw2, self.n1, n, splits, self.buf.stride(0), BLOCK=block, **_OPTIONS
         )
         return dw1, dw2
 
