@@ -114,7 +114,8 @@ def _cuda_configs(kind: str = "stage") -> list[triton.Config]:
         ]
         # Dense groups: the group is one matmul tile (BLOCK_J times the multiply-adds) whose
         # loop keeps loads in flight across blocks; N = BLOCK_O * BLOCK_J = 128 is a full
-        # Hopper wgmma / Ampere mma tile, 128 rows take the weight operand over many rows.
+        # Hopper wgmma / Ampere mma tile, and 128 rows spread the weight operand's loads over
+        # twice the rows that 64 do.
         dense = [(4, 128, 32, 64, 8, 3), (4, 64, 32, 64, 4, 3), (2, 128, 64, 64, 8, 3)]
         cfgs = _group(shapes) + _group(dense, dense=True)
         return [c for c in cfgs if _fits(c, _SMEM_BYTES["cuda"])]
