@@ -479,11 +479,19 @@ class _Partials:
         return dw1, dw2
 
 
+def _rows_per_split(B: int, splits: int) -> int:
+    """Rows each split reduces: a multiple of 64, so that every split starts on a 64-row
+    boundary. Triton then knows the first row's alignment and loads and stores along a
+    batch-contiguous operand (the feature-major intermediates) as vectors; from an
+    unaligned start it moves them one element at a time. Trailing splits may get no rows."""
+    return _cdiv(_cdiv(B, splits), 64) * 64
+
+
 def _wgrad(a, b, partial, nblk, o, c, B, s_a, s_b, config) -> None:
     """``partial[split] = sum over the split's rows of a[m, blk, :] outer b[m, blk, :]``, for
     ``partial`` (splits, nblk, o, c)."""
     splits = partial.shape[0]
-    rows_per_split = _cdiv(B, splits)
+    rows_per_split = _rows_per_split(B, splits)
 
     def grid(meta):
         tiles = _cdiv(o, meta["BLOCK_O"]) * _cdiv(c, meta["BLOCK_C"])
@@ -510,7 +518,7 @@ def _stage_wgrad(inp, w, out, other, partial, sizes, strides, config) -> None:
     split's rows of inp outer other``, for ``partial`` (splits, nblk, c, o)."""
     B, nblk, o, c = sizes
     splits = partial.shape[0]
-    args = (inp, w, out, other, partial, B, nblk, o, c, _cdiv(B, splits))
+    args = (inp, w, out, other, partial, B, nblk, o, c, _rows_per_split(B, splits))
     args += (*strides, *partial.stride())
     _launch("stage_wgrad", lambda meta: (splits, nblk), args, config)
 
