@@ -117,7 +117,8 @@ def test_every_config_compiles_for_its_gpus(config_set):
                 for opt in ("waves_per_eu", "matrix_instr_nonkdim"):
                     if opt in constexprs:
                         options[opt] = constexprs.pop(opt)
-                flag = {"fused": "FULL_SCRATCH"}.get(kind)
+                flag = {"fused": "FULL_SCRATCH", "stage": "TRANS_OUT", "stage_wgrad": "TRANS_OUT"}
+                flag = flag.get(kind)
                 for value in (False, True) if flag else (None,):
                     if flag:
                         constexprs[flag] = value

@@ -56,11 +56,17 @@ def _tile_matmul(
     BLOCK_M: tl.constexpr,
     BLOCK_O: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    TRANS: tl.constexpr = False,
 ):
-    """fp32 (BLOCK_M, BLOCK_O) tile of ``sum_c in[m, blk, c] * w[blk, o, c]``."""
+    """fp32 (BLOCK_M, BLOCK_O) tile of ``sum_c in[m, blk, c] * w[blk, o, c]``; with TRANS,
+    the same tile transposed, (BLOCK_O, BLOCK_M), computed as ``w @ in.T`` (see
+    ``_block_matmul_kernel``)."""
     offs_o = o0 + tl.arange(0, BLOCK_O)
     offs_c = tl.arange(0, BLOCK_C)
-    acc = tl.zeros((BLOCK_M, BLOCK_O), dtype=tl.float32)
+    if TRANS:
+        acc = tl.zeros((BLOCK_O, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_O), dtype=tl.float32)
     in_base = in_ptr + offs_m[:, None] * stride_in_m + blk * stride_in_blk
     w_base = w_ptr + blk * stride_w_blk + offs_o[None, :] * stride_w_o
     for c0 in range(0, NRED, BLOCK_C):
@@ -75,7 +81,10 @@ def _tile_matmul(
             mask=(cc[:, None] < NRED) & (offs_o[None, :] < NOUT),
             other=0.0,
         )  # (BLOCK_C, BLOCK_O): w[blk] transposed by its strides
-        acc = tl.dot(a.to(w.dtype), w, acc, input_precision="ieee")
+        if TRANS:
+            acc = tl.dot(tl.trans(w), tl.trans(a.to(w.dtype)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a.to(w.dtype), w, acc, input_precision="ieee")
     return acc
 
 
@@ -117,11 +126,19 @@ def _block_matmul_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_O: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    TRANS_OUT: tl.constexpr = False,
 ):
     """One block-diagonal stage: ``out[m, blk, o] = sum_c in[m, blk, c] * w[blk, o, c]``.
 
     1-d grid over (row tiles, output tiles, blocks), blocks fastest. Used where the output's
     feature index is contiguous (stage 1, the backward).
+
+    ``TRANS_OUT`` (the launcher sets it where the output is batch-contiguous, the
+    feature-major intermediates) computes the tile transposed, rows of features by columns
+    of batch rows. A matrix unit's result tile is stored along its columns: on AMD, where
+    Triton stores MFMA results without rearranging them, the untransposed tile went out one
+    bf16 at a time (``global_store_short``), the transposed one as 8-byte vectors from
+    consecutive lanes. NVIDIA's stores come out as 16-byte vectors either way.
     """
     pid_m, blk, o0 = _tile_order(NBLK, NOUT, 1, BLOCK_O)
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -129,15 +146,22 @@ def _block_matmul_kernel(
     acc = _tile_matmul(
         in_ptr, w_ptr, offs_m, mask_m, blk, o0, NRED, NOUT,
         stride_in_m, stride_in_blk, stride_in_c, stride_w_blk, stride_w_o, stride_w_c,
-        BLOCK_M, BLOCK_O, BLOCK_C,
+        BLOCK_M, BLOCK_O, BLOCK_C, TRANS_OUT,
     )  # fmt: skip
     offs_o = o0 + tl.arange(0, BLOCK_O)
-    out = out_ptr + offs_m[:, None] * stride_out_m + blk * stride_out_blk
-    tl.store(
-        out + offs_o[None, :] * stride_out_o,
-        acc.to(out_ptr.dtype.element_ty),
-        mask=mask_m[:, None] & (offs_o[None, :] < NOUT),
-    )
+    out = out_ptr + blk * stride_out_blk
+    if TRANS_OUT:
+        tl.store(
+            out + offs_o[:, None] * stride_out_o + offs_m[None, :] * stride_out_m,
+            acc.to(out_ptr.dtype.element_ty),
+            mask=(offs_o[:, None] < NOUT) & mask_m[None, :],
+        )
+    else:
+        tl.store(
+            out + offs_m[:, None] * stride_out_m + offs_o[None, :] * stride_out_o,
+            acc.to(out_ptr.dtype.element_ty),
+            mask=mask_m[:, None] & (offs_o[None, :] < NOUT),
+        )
 
 
 @triton.jit
@@ -589,6 +613,7 @@ def _block_stage_wgrad_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_O: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    TRANS_OUT: tl.constexpr = False,
 ):
     """A stage of the input gradient and a weight gradient from the same loads, for narrow
     blocks (``NOUT <= BLOCK_O``, ``NRED <= BLOCK_C``; the launcher prunes configs that do not
@@ -629,15 +654,26 @@ def _block_stage_wgrad_kernel(
             mask=mask_m[:, None] & mask_c[None, :],
             other=0.0,
         ).to(w.dtype)  # (BLOCK_M, BLOCK_C)
-        out = tl.dot(a, w, input_precision="ieee")
-        tl.store(
-            out_ptr
-            + offs_m[:, None] * stride_out_m
-            + blk * stride_out_blk
-            + offs_o[None, :] * stride_out_o,
-            out.to(out_ptr.dtype.element_ty),
-            mask=mask_m[:, None] & mask_o[None, :],
-        )
+        if TRANS_OUT:  # batch-contiguous output: the tile transposed (_block_matmul_kernel)
+            out = tl.dot(tl.trans(w), tl.trans(a), input_precision="ieee")
+            tl.store(
+                out_ptr
+                + offs_o[:, None] * stride_out_o
+                + blk * stride_out_blk
+                + offs_m[None, :] * stride_out_m,
+                out.to(out_ptr.dtype.element_ty),
+                mask=mask_o[:, None] & mask_m[None, :],
+            )
+        else:
+            out = tl.dot(a, w, input_precision="ieee")
+            tl.store(
+                out_ptr
+                + offs_m[:, None] * stride_out_m
+                + blk * stride_out_blk
+                + offs_o[None, :] * stride_out_o,
+                out.to(out_ptr.dtype.element_ty),
+                mask=mask_m[:, None] & mask_o[None, :],
+            )
         g = tl.load(
             other_ptr
             + offs_m[:, None] * stride_other_m

@@ -249,7 +249,8 @@ def _stage(inp, w, out, B, nblk, o, c, s_in, s_w, s_out, configs) -> None:
         return (_cdiv(B, meta["BLOCK_M"]) * _cdiv(o, meta["BLOCK_O"]) * nblk,)
 
     args = (inp, w, out, B, nblk, o, c, *s_in, *s_w, *s_out)
-    _launch("stage", grid, args, configs.get("stage"))
+    # a batch-contiguous output (the feature-major intermediates) is computed transposed
+    _launch("stage", grid, args, configs.get("stage"), TRANS_OUT=s_out[0] == 1)
 
 
 def _fused(inp, w1, w2, out, scratch, sizes, slot_rows, strides, nprog, full, config) -> None:
@@ -520,7 +521,8 @@ def _stage_wgrad(inp, w, out, other, partial, sizes, strides, config) -> None:
     splits = partial.shape[0]
     args = (inp, w, out, other, partial, B, nblk, o, c, _rows_per_split(B, splits))
     args += (*strides, *partial.stride())
-    _launch("stage_wgrad", lambda meta: (splits, nblk), args, config)
+    trans = strides[6] == 1  # a batch-contiguous output is computed transposed
+    _launch("stage_wgrad", lambda meta: (splits, nblk), args, config, TRANS_OUT=trans)
 
 
 def monarch_backward(
