@@ -110,20 +110,28 @@ def check(config_set: str, direction: str) -> int:
 def _check_splits(config_set: str) -> int:
     """Weight gradients reduced over several row splits (each starts on a 64-row boundary,
     so the shapes above fit in one): 150 rows in 3 splits, the last one partial, on every
-    path that splits."""
+    path that splits. The second shape's block counts and widths are powers of two, so the
+    row transposes take their aligned-runs variant (the shapes above take the other)."""
     import torch
     from monarch_kernels.ops import _torch_backward
-    from monarch_kernels.triton_launch import monarch_backward
+    from monarch_kernels.reference import monarch_reference
+    from monarch_kernels.triton_launch import monarch_backward, monarch_forward
 
-    shape = (150, 4, 8, 6, 3, 5)
-    x, w1, w2 = _inputs(shape, seed=9, strided=True)
-    dy = torch.randn(150, 15, generator=torch.Generator().manual_seed(10))
-    grads = _torch_backward(dy, x, w1, w2)
-    for path in ("two_kernel", "three_kernel", "blas"):
-        got = monarch_backward(dy, x, w1, w2, path=path, splits=3)
-        for name, a, b in zip(("dx", "dw1", "dw2"), got, grads, strict=True):
-            _close(name, a, b, f"{config_set} backward {path} shape {shape} in 3 splits")
-    return 3
+    count = 0
+    for shape in ((150, 4, 8, 6, 3, 5), (150, 4, 8, 6, 2, 8)):
+        B, _k, _p, _q, l, s = shape
+        x, w1, w2 = _inputs(shape, seed=9, strided=True)
+        dy = torch.randn(B, s * l, generator=torch.Generator().manual_seed(10))
+        grads = _torch_backward(dy, x, w1, w2)
+        want = monarch_reference(x, w1, w2)
+        for path in ("two_kernel", "three_kernel", "blas"):
+            ctx = f"{config_set} {path} shape {shape}"
+            _close("y", monarch_forward(x, w1, w2, path=path), want, ctx)
+            got = monarch_backward(dy, x, w1, w2, path=path, splits=3)
+            for name, a, b in zip(("dx", "dw1", "dw2"), got, grads, strict=True):
+                _close(name, a, b, f"{ctx} backward in 3 splits")
+            count += 1
+    return count
 
 
 def check_op() -> int:

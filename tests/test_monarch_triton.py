@@ -146,9 +146,10 @@ def test_permutation_kernels_compile_for_its_gpus(config_set):
                 consts = {"TO_FLAT": to_flat, "BLOCK_M": 64, "BLOCK_O": 64}
                 binary = _compile(_batch_last_kernel, consts, {}, (backend, arch, warp), dtype)
                 assert ("cubin" if backend == "cuda" else "hsaco") in binary.asm
-            consts = {"BLOCK_M": 2, "BLOCK_P": 64, "BLOCK_Q": 64}
-            binary = _compile(_transpose_rows_kernel, consts, {}, (backend, arch, warp), dtype)
-            assert ("cubin" if backend == "cuda" else "hsaco") in binary.asm
+            for aligned in (False, True):
+                consts = {"BLOCK_M": 32, "BLOCK_P": 64, "BLOCK_Q": 4, "RUNS_ALIGNED": aligned}
+                binary = _compile(_transpose_rows_kernel, consts, {}, (backend, arch, warp), dtype)
+                assert ("cubin" if backend == "cuda" else "hsaco") in binary.asm
             binary = _compile(_sum_splits_kernel, {"BLOCK": 1024}, {}, (backend, arch, warp), dtype)
             assert ("cubin" if backend == "cuda" else "hsaco") in binary.asm
 

@@ -320,13 +320,15 @@ def _block_group_kernel(
         )  # fmt: skip
     acc = tl.reshape(tiles, (BLOCK_M, BLOCK_O, BLOCK_J))
     offs_o = o0 + tl.arange(0, BLOCK_O)
-    offs_j = blk0 + tl.arange(0, BLOCK_J)
-    out = (
-        out_ptr
-        + offs_m[:, None, None] * stride_out_m
-        + offs_o[None, :, None] * stride_out_o
-        + offs_j[None, None, :] * stride_out_blk
+    # Each run of BLOCK_J outputs starts at a multiple of BLOCK_J: the output's blocks are
+    # contiguous (stride_out_blk == 1) and its rows and features step by whole block counts,
+    # which BLOCK_J divides. Said to the compiler, the runs are stored as vectors where the
+    # block count is not a multiple of 16 too (which is all it infers from the strides).
+    runs = tl.multiple_of(
+        offs_m[:, None, None] * stride_out_m + offs_o[None, :, None] * stride_out_o + blk0,
+        [1, 1, BLOCK_J],
     )
+    out = out_ptr + runs + tl.arange(0, BLOCK_J)[None, None, :]
     tl.store(
         out,
         acc.to(out_ptr.dtype.element_ty),
@@ -508,6 +510,7 @@ def _transpose_rows_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_Q: tl.constexpr,
+    RUNS_ALIGNED: tl.constexpr = False,
 ):
     """``out[m, v*P + u] = in[m, u*Q + v]``: each row, read as a P x Q matrix, transposed.
 
@@ -516,6 +519,12 @@ def _transpose_rows_kernel(
     stage-2 results to ``y[b, a*l + j]``). Grid: (row tiles, P tiles, Q tiles). The tile is read
     with v contiguous and written with u contiguous; the compiler turns it around in shared
     memory, which runs at copy speed where scattered stores from the matmul kernels do not.
+
+    ``RUNS_ALIGNED`` (the launcher's promise that BLOCK_P divides P and BLOCK_Q divides Q, and
+    that the rows' strides are multiples of both) tells the compiler that each run of
+    BLOCK_Q inputs and BLOCK_P outputs starts aligned and is masked as a whole, so that short
+    runs (P or Q of 2 to 8: a few blocks) move as vectors too; from the strides alone it
+    infers that only for multiples of 16.
     """
     offs_m = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     offs_u = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -523,9 +532,16 @@ def _transpose_rows_kernel(
     m3 = offs_m[:, None, None]
     u3 = offs_u[None, :, None]
     v3 = offs_v[None, None, :]
-    mask = (m3 < B) & (u3 < P) & (v3 < Q)
-    tile = tl.load(in_ptr + m3 * stride_in_m + u3 * Q + v3, mask=mask)
-    tl.store(out_ptr + m3 * stride_out_m + v3 * P + u3, tile, mask=mask)
+    src = m3 * stride_in_m + u3 * Q
+    dst = m3 * stride_out_m + v3 * P
+    if RUNS_ALIGNED:  # the tiles cover P and Q exactly: only rows need a mask
+        mask = m3 < B
+        src = tl.multiple_of(src, [1, 1, BLOCK_Q])
+        dst = tl.multiple_of(dst, [1, BLOCK_P, 1])
+    else:
+        mask = (m3 < B) & (u3 < P) & (v3 < Q)
+    tile = tl.load(in_ptr + src + v3, mask=mask)
+    tl.store(out_ptr + dst + u3, tile, mask=mask)
 
 
 @triton.jit
