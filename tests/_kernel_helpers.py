@@ -110,8 +110,8 @@ def check(config_set: str, direction: str) -> int:
 def _check_splits(config_set: str) -> int:
     """Weight gradients reduced over several row splits (each starts on a 64-row boundary,
     so the shapes above fit in one): 150 rows in 3 splits, the last one partial, on every
-    path that splits. The second shape's block counts and widths are powers of two, so the
-    row transposes take their aligned-runs variant (the shapes above take the other)."""
+    path that splits. The second shape's block counts and widths are powers of two, which the
+    shapes above avoid."""
     import torch
     from monarch_kernels.ops import _torch_backward
     from monarch_kernels.reference import monarch_reference

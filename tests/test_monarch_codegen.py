@@ -1,6 +1,6 @@
 """What the Triton kernels compile to, read without a GPU: their global memory accesses.
 
-Each launch the launchers make at width 4096 with 64 (and 4) blocks (every path, forward and
+Each launch the launchers make at width 4096 with 64 and with 4 blocks (every path, forward and
 backward) is compiled ahead of time for sm_90 and gfx942 with the specialisation Triton's JIT
 gives those arguments (pointers and integers divisible by 16, integers equal to 1 folded), and
 its assembly must move bfloat16 data in vectors: an access of one 16-bit element per
@@ -96,10 +96,8 @@ def _configs(backend: str, kind_kernel) -> list:
     return _cuda_configs(kind) if backend == "cuda" else _hip_configs(kind, arch="gfx942")
 
 
-# gfx942 at 4 blocks is left out: there the grouped kernel's and the row transposes' runs of
-# 4 outputs stay element-wise (the alignment hints do not reach its buffer stores; see
-# kernels/README.md, "Short runs")
-@pytest.mark.parametrize(("target", "nblocks"), [("sm_90", 64), ("gfx942", 64), ("sm_90", 4)])
+@pytest.mark.parametrize("nblocks", [64, 4])
+@pytest.mark.parametrize("target", sorted(TARGETS))
 def test_kernels_move_bfloat16_in_vectors(monkeypatch, target, nblocks):
     from monarch_kernels import triton_launch
     from triton.backends.compiler import GPUTarget

@@ -113,6 +113,8 @@ def test_every_config_compiles_for_its_gpus(config_set):
                 if arch == 80 and dtype == "bf16" and cfg is not cfgs[0]:
                     continue  # sm_80 shares sm_90's configs; one of them is enough
                 constexprs = dict(cfg.kwargs)
+                if kind == "group":
+                    constexprs["stride_out_o"] = 64  # y's block count, a compile-time constant
                 options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
                 for opt in ("waves_per_eu", "matrix_instr_nonkdim"):
                     if opt in constexprs:
@@ -146,8 +148,10 @@ def test_permutation_kernels_compile_for_its_gpus(config_set):
                 consts = {"TO_FLAT": to_flat, "BLOCK_M": 64, "BLOCK_O": 64}
                 binary = _compile(_batch_last_kernel, consts, {}, (backend, arch, warp), dtype)
                 assert ("cubin" if backend == "cuda" else "hsaco") in binary.asm
-            for aligned in (False, True):
-                consts = {"BLOCK_M": 32, "BLOCK_P": 64, "BLOCK_Q": 4, "RUNS_ALIGNED": aligned}
+            for p, q in ((64, 64), (1024, 4), (5, 3)):  # (s, l) at 64 and 4 blocks, odd sizes
+                bp, bq = min(64, triton.next_power_of_2(p)), min(64, triton.next_power_of_2(q))
+                consts = {"P": p, "Q": q, "BLOCK_M": max(1, 8192 // (bp * bq))}
+                consts.update(BLOCK_P=bp, BLOCK_Q=bq)
                 binary = _compile(_transpose_rows_kernel, consts, {}, (backend, arch, warp), dtype)
                 assert ("cubin" if backend == "cuda" else "hsaco") in binary.asm
             binary = _compile(_sum_splits_kernel, {"BLOCK": 1024}, {}, (backend, arch, warp), dtype)

@@ -288,7 +288,7 @@ def _block_group_kernel(
     stride_w_c,
     stride_out_m,
     stride_out_blk,
-    stride_out_o,
+    stride_out_o: tl.constexpr,
     BLOCK_J: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_O: tl.constexpr,
@@ -300,6 +300,9 @@ def _block_group_kernel(
 
     The blocks' tiles are joined so that each thread holds BLOCK_J consecutive outputs of one
     row and feature: one vector store of BLOCK_J elements instead of BLOCK_J scattered ones.
+    ``stride_out_o`` (the block count, for y) is a compile-time constant, so the compiler knows
+    each run starts on a multiple of BLOCK_J and stores it as a vector for block counts that
+    are not multiples of 16 too.
     ``DENSE`` computes the group as one matmul tile instead (``_dense_interleaved_tiles``).
     BLOCK_J must divide NBLK (the launcher prunes configs that do not).
     """
@@ -320,15 +323,13 @@ def _block_group_kernel(
         )  # fmt: skip
     acc = tl.reshape(tiles, (BLOCK_M, BLOCK_O, BLOCK_J))
     offs_o = o0 + tl.arange(0, BLOCK_O)
-    # Each run of BLOCK_J outputs starts at a multiple of BLOCK_J: the output's blocks are
-    # contiguous (stride_out_blk == 1) and its rows and features step by whole block counts,
-    # which BLOCK_J divides. Said to the compiler, the runs are stored as vectors where the
-    # block count is not a multiple of 16 too (which is all it infers from the strides).
-    runs = tl.multiple_of(
-        offs_m[:, None, None] * stride_out_m + offs_o[None, :, None] * stride_out_o + blk0,
-        [1, 1, BLOCK_J],
+    offs_j = blk0 + tl.arange(0, BLOCK_J)
+    out = (
+        out_ptr
+        + offs_m[:, None, None] * stride_out_m
+        + offs_o[None, :, None] * stride_out_o
+        + offs_j[None, None, :] * stride_out_blk
     )
-    out = out_ptr + runs + tl.arange(0, BLOCK_J)[None, None, :]
     tl.store(
         out,
         acc.to(out_ptr.dtype.element_ty),
@@ -503,10 +504,10 @@ def _transpose_rows_kernel(
     in_ptr,
     out_ptr,
     B,
-    P,
-    Q,
     stride_in_m,
     stride_out_m,
+    P: tl.constexpr,
+    Q: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_Q: tl.constexpr,
@@ -520,11 +521,10 @@ def _transpose_rows_kernel(
     with v contiguous and written with u contiguous; the compiler turns it around in shared
     memory, which runs at copy speed where scattered stores from the matmul kernels do not.
 
-    ``RUNS_ALIGNED`` (the launcher's promise that BLOCK_P divides P and BLOCK_Q divides Q, and
-    that the rows' strides are multiples of both) tells the compiler that each run of
-    BLOCK_Q inputs and BLOCK_P outputs starts aligned and is masked as a whole, so that short
-    runs (P or Q of 2 to 8: a few blocks) move as vectors too; from the strides alone it
-    infers that only for multiples of 16.
+    P and Q are compile-time constants (one compilation per pair of block count and width):
+    the compiler then knows where each run of inputs and outputs starts and which lanes the
+    masks cut, so short runs (P or Q of 2 to 8: a few blocks) move as vectors too; from
+    run-time sizes it infers that only for multiples of 16.
     """
     offs_m = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     offs_u = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -534,12 +534,7 @@ def _transpose_rows_kernel(
     v3 = offs_v[None, None, :]
     src = m3 * stride_in_m + u3 * Q
     dst = m3 * stride_out_m + v3 * P
-    if RUNS_ALIGNED:  # the tiles cover P and Q exactly: only rows need a mask
-        mask = m3 < B
-        src = tl.multiple_of(src, [1, 1, BLOCK_Q])
-        dst = tl.multiple_of(dst, [1, BLOCK_P, 1])
-    else:
-        mask = (m3 < B) & (u3 < P) & (v3 < Q)
+    mask = (m3 < B) & (u3 < P) & (v3 < Q)
     tile = tl.load(in_ptr + src + v3, mask=mask)
     tl.store(out_ptr + dst + u3, tile, mask=mask)
 

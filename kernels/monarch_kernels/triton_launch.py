@@ -449,19 +449,17 @@ def _transpose_rows(t: torch.Tensor, P: int, Q: int) -> torch.Tensor:
     bq = min(64, _pow2(Q))
     bm = max(1, 8192 // (bp * bq))
     grid = (_cdiv(B, bm), _cdiv(P, bp), _cdiv(Q, bq))
-    aligned = P % bp == 0 and Q % bq == 0 and t.stride(0) % bq == 0 and out.stride(0) % bp == 0
     _transpose_rows_kernel[grid](
         t,
         out,
         B,
-        P,
-        Q,
         t.stride(0),
         out.stride(0),
+        P=P,
+        Q=Q,
         BLOCK_M=bm,
         BLOCK_P=bp,
         BLOCK_Q=bq,
-        RUNS_ALIGNED=aligned,
         **_OPTIONS,
     )
     return out
