@@ -511,7 +511,6 @@ def _transpose_rows_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_Q: tl.constexpr,
-    RUNS_ALIGNED: tl.constexpr = False,
 ):
     """``out[m, v*P + u] = in[m, u*Q + v]``: each row, read as a P x Q matrix, transposed.
 
