@@ -109,12 +109,11 @@ def test_kernels_move_bfloat16_in_vectors(monkeypatch, target, nblocks):
         if kernel is triton_launch._sum_splits_kernel.kernel:
             continue  # its output splits at the first weight's size: any alignment
         config = kwargs.get("config")
-        kinds = triton_launch._KERNELS.values()
-        if config is None and kernel in kinds:
+        if config is None and kernel in triton_launch._KERNELS.values():
             fitting = [
                 c
                 for c in _configs(backend, kernel)
-                if "BLOCK_J" not in c.kwargs or nblocks % c.kwargs["BLOCK_J"] == 0
+                if "BLOCK_J" not in c.kwargs or triton_launch._divides_blocks(c, nblocks)
             ]
             if kernel is triton_launch._KERNELS["stage_wgrad"]:
                 fitting = [c for c in fitting if triton_launch._covers(c, args[7], args[8])]

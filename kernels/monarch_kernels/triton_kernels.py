@@ -89,6 +89,21 @@ def _tile_matmul(
 
 
 @triton.jit
+def _store_tile(
+    out_ptr, acc, offs_m, offs_o, mask_m, mask_o, stride_m, stride_o, TRANS: tl.constexpr
+):
+    """Store a result tile at ``out[m*stride_m + o*stride_o]``: ``acc`` is (rows, outputs), or
+    with TRANS the same tile held transposed, (outputs, rows) (see ``_block_matmul_kernel``)."""
+    if TRANS:
+        ptrs = out_ptr + offs_o[:, None] * stride_o + offs_m[None, :] * stride_m
+        mask = mask_o[:, None] & mask_m[None, :]
+    else:
+        ptrs = out_ptr + offs_m[:, None] * stride_m + offs_o[None, :] * stride_o
+        mask = mask_m[:, None] & mask_o[None, :]
+    tl.store(ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _tile_order(NBLK, NOUT, NGROUP: tl.constexpr, BLOCK_O: tl.constexpr):
     """(row tile, first block, first output) of this program, blocks fastest.
 
@@ -150,18 +165,9 @@ def _block_matmul_kernel(
     )  # fmt: skip
     offs_o = o0 + tl.arange(0, BLOCK_O)
     out = out_ptr + blk * stride_out_blk
-    if TRANS_OUT:
-        tl.store(
-            out + offs_o[:, None] * stride_out_o + offs_m[None, :] * stride_out_m,
-            acc.to(out_ptr.dtype.element_ty),
-            mask=(offs_o[:, None] < NOUT) & mask_m[None, :],
-        )
-    else:
-        tl.store(
-            out + offs_m[:, None] * stride_out_m + offs_o[None, :] * stride_out_o,
-            acc.to(out_ptr.dtype.element_ty),
-            mask=mask_m[:, None] & (offs_o[None, :] < NOUT),
-        )
+    _store_tile(
+        out, acc, offs_m, offs_o, mask_m, offs_o < NOUT, stride_out_m, stride_out_o, TRANS_OUT
+    )
 
 
 @triton.jit
@@ -666,24 +672,12 @@ def _block_stage_wgrad_kernel(
         ).to(w.dtype)  # (BLOCK_M, BLOCK_C)
         if TRANS_OUT:  # batch-contiguous output: the tile transposed (_block_matmul_kernel)
             out = tl.dot(tl.trans(w), tl.trans(a), input_precision="ieee")
-            tl.store(
-                out_ptr
-                + offs_o[:, None] * stride_out_o
-                + blk * stride_out_blk
-                + offs_m[None, :] * stride_out_m,
-                out.to(out_ptr.dtype.element_ty),
-                mask=mask_o[:, None] & mask_m[None, :],
-            )
         else:
             out = tl.dot(a, w, input_precision="ieee")
-            tl.store(
-                out_ptr
-                + offs_m[:, None] * stride_out_m
-                + blk * stride_out_blk
-                + offs_o[None, :] * stride_out_o,
-                out.to(out_ptr.dtype.element_ty),
-                mask=mask_m[:, None] & mask_o[None, :],
-            )
+        out_blk = out_ptr + blk * stride_out_blk
+        _store_tile(
+            out_blk, out, offs_m, offs_o, mask_m, mask_o, stride_out_m, stride_out_o, TRANS_OUT
+        )
         g = tl.load(
             other_ptr
             + offs_m[:, None] * stride_other_m

@@ -531,7 +531,8 @@ def _stage_wgrad(inp, w, out, other, partial, sizes, strides, config) -> None:
     splits = partial.shape[0]
     args = (inp, w, out, other, partial, B, nblk, o, c, _rows_per_split(B, splits))
     args += (*strides, *partial.stride())
-    trans = strides[6] == 1  # a batch-contiguous output is computed transposed
+    # strides: in, w, out, other, 3 each; a batch-contiguous output is computed transposed
+    trans = strides[6] == 1
     _launch("stage_wgrad", lambda meta: (splits, nblk), args, config, TRANS_OUT=trans)
 
 
