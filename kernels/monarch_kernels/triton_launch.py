@@ -16,7 +16,7 @@ import warnings
 import torch
 import triton
 
-from . import blas
+from . import blas, direct
 from .configs import get_configs
 from .reference import monarch_shapes
 from .triton_kernels import (
@@ -184,7 +184,14 @@ def _launch(kind: str, grid, args: tuple, config: triton.Config | None, **const)
             if getattr(tuner, "best_config", None) is not None:
                 _tuned[key] = tuner.best_config
             return
-    kernel[grid(config.kwargs)](*args, **const, **config.all_kwargs(), **_OPTIONS)
+    _run(kernel, grid(config.kwargs), args, **const, **config.all_kwargs())
+
+
+def _run(kernel, grid: tuple[int, ...], args: tuple, **constants) -> None:
+    """``kernel[grid](*args, **constants)`` with the compiler options of every launch; once
+    compiled, launched directly (``direct.py``), sparing each call Triton's argument handling.
+    ``args`` are the non-constexpr parameters in order; the constexprs come by name."""
+    direct.launch(kernel, grid, args, {**constants, **_OPTIONS})
 
 
 def _autotuner(kind: str):
@@ -424,19 +431,8 @@ def _batch_last(flat: torch.Tensor, blk: torch.Tensor, l: int, s: int, *, to_fla
     ``flat[b, a*l + j] = blk[j, a, b]``, in the direction ``to_flat`` says."""
     B = flat.shape[0]
     grid = (_cdiv(B, 64), _cdiv(s * l, 64))
-    _batch_last_kernel[grid](
-        flat,
-        blk,
-        B,
-        s,
-        l,
-        *flat.stride(),
-        *blk.stride(),
-        TO_FLAT=to_flat,
-        BLOCK_M=64,
-        BLOCK_O=64,
-        **_OPTIONS,
-    )
+    args = (flat, blk, B, s, l, *flat.stride(), *blk.stride())
+    _run(_batch_last_kernel, grid, args, TO_FLAT=to_flat, BLOCK_M=64, BLOCK_O=64)
 
 
 def _transpose_rows(t: torch.Tensor, P: int, Q: int) -> torch.Tensor:
@@ -449,19 +445,8 @@ def _transpose_rows(t: torch.Tensor, P: int, Q: int) -> torch.Tensor:
     bq = min(64, _pow2(Q))
     bm = max(1, 8192 // (bp * bq))
     grid = (_cdiv(B, bm), _cdiv(P, bp), _cdiv(Q, bq))
-    _transpose_rows_kernel[grid](
-        t,
-        out,
-        B,
-        t.stride(0),
-        out.stride(0),
-        P=P,
-        Q=Q,
-        BLOCK_M=bm,
-        BLOCK_P=bp,
-        BLOCK_Q=bq,
-        **_OPTIONS,
-    )
+    args = (t, out, B, t.stride(0), out.stride(0))
+    _run(_transpose_rows_kernel, grid, args, P=P, Q=Q, BLOCK_M=bm, BLOCK_P=bp, BLOCK_Q=bq)
     return out
 
 
@@ -484,9 +469,8 @@ class _Partials:
         dw2 = self.buf.new_empty(self.shapes[1], dtype=dtype)
         splits, n = self.buf.shape
         block = 1024
-        _sum_splits_kernel[(_cdiv(n, block),)](
-            self.buf, dw1, dw2, self.n1, n, splits, self.buf.stride(0), BLOCK=block, **_OPTIONS
-        )
+        args = (self.buf, dw1, dw2, self.n1, n, splits, self.buf.stride(0))
+        _run(_sum_splits_kernel, (_cdiv(n, block),), args, BLOCK=block)
         return dw1, dw2
 
 
