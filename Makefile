@@ -49,6 +49,7 @@ bench: setup
 	$(PY) benchmarks/bench_training.py
 	$(PY) benchmarks/bench_telemetry.py
 	$(PY) -m monarch_kernels.bench
+	PYTHONPATH=tests $(PY) benchmarks/launch_host.py
 
 clean:
 	rm -rf $(VENV)

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The Monarch kernels on a GPU machine, in one go, most important first: correctness against
 # the float64 reference (tests/test_monarch_gpu.py), the benchmark table (monarch_kernels.bench),
+# the host's launch work, Triton's JIT against direct launches (benchmarks/launch_host.py),
 # where the time goes by stage and on the host (benchmarks/gpu_stage_probe.py) and every
 # kernel config timed (monarch_kernels.tune). Logs go to $OUT (default /tmp/monarch-gpu).
 # Needs torch, triton, pytest and pytest-xdist. Environment: TEST_WORKERS; PROBE_CASES and
-# TUNE_CASES (n:blocks:batch, space-separated; empty skips); BENCH_ARGS; TEST_, PROBE_, BENCH_
-# and TUNE_TIMEOUT in seconds; BUDGET, seconds for the whole script: a step gets at most what
-# is left, and is skipped with under 20 seconds left.
+# TUNE_CASES (n:blocks:batch, space-separated; empty skips); BENCH_ARGS; TEST_, PROBE_,
+# BENCH_, LAUNCH_ and TUNE_TIMEOUT in seconds; BUDGET, seconds for the whole script: a step gets
+# at most what is left, and is skipped with under 20 seconds left.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/monarch-gpu}
@@ -36,6 +37,10 @@ if t=$(limit "${BENCH_TIMEOUT:-240}"); then
   timeout "$t" $PY -m monarch_kernels.bench ${BENCH_ARGS:-} 2>&1 \
     | grep -v -i warn | tee "$OUT/bench.log"
   echo "bench done after ${SECONDS}s"
+fi
+if t=$(limit "${LAUNCH_TIMEOUT:-60}"); then
+  timeout "$t" $PY benchmarks/launch_host.py 2>&1 | grep -v -i warn | tee "$OUT/launch_host.log"
+  echo "launch host done after ${SECONDS}s"
 fi
 for case in ${PROBE_CASES-4096:64:16384}; do
   t=$(limit "${PROBE_TIMEOUT:-90}") || break

@@ -111,3 +111,24 @@ def test_direct_launch_runs_the_variant_compiled_for_the_alignment():
         odd, f_odd = run(1)  # 4 bytes on
     assert sixteen is aligned and f_sixteen == f_aligned == aligned.function
     assert odd is not aligned and f_odd == odd.function != f_aligned
+
+
+def test_launch_host_benchmark_prints_both_paths():
+    """``benchmarks/launch_host.py`` without a GPU: each row times both launch paths."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root / "tests")}
+    proc = subprocess.run(
+        [sys.executable, str(root / "benchmarks/launch_host.py"), "--batch", "64", "--calls", "5"],
+        capture_output=True, text=True, timeout=240, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "Triton's driver stubbed" in proc.stdout
+    rows = [r for r in proc.stdout.splitlines() if r.startswith("| ") and "Triton JIT" not in r]
+    assert len(rows) == 6
+    for row in rows:
+        _name, jit, fast, saved = (c.strip() for c in row.strip("|").split("|"))
+        assert float(jit) > 0 and float(fast) > 0 and saved.endswith("%")
