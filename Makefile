@@ -7,6 +7,10 @@
 #   make lab TORCH="torch --index-url https://download.pytorch.org/whl/rocm6.4"
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
+# Triton, where the torch build brought none (the CPU build): CUDA builds depend on it and ROCm
+# builds ship it as pytorch-triton-rocm, which a second install would overwrite. The same
+# requirement as pyproject.toml's `kernels` extra.
+TRITON := triton>=3.1; platform_system == 'Linux'
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.monarch-installed
@@ -22,6 +26,7 @@ setup:
 		set -e; \
 		$(PY) -m pip install -q -U pip; \
 		$(PY) -m pip install -q $(TORCH); \
+		$(PY) -c "import triton" 2>/dev/null || $(PY) -m pip install -q "$(TRITON)"; \
 		$(PY) -m pip install -q -e '.[dev]'; \
 		echo "$(WANT)" > $(STAMP); \
 	fi
