@@ -136,6 +136,28 @@ def test_weight_gradients_are_deterministic(path):
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("path", ["two_kernel", "three_kernel"])
+def test_direct_launches_match_tritons_own(monkeypatch, path):
+    """The same compiled kernels launched by Triton's JIT and directly give the same bits,
+    for aligned inputs and for an x whose data starts 2 bytes off 16-byte alignment."""
+    from monarch_kernels import direct
+
+    if not direct.SUPPORTED:
+        pytest.skip("this Triton (older than 3.3) launches everything through its JIT")
+    x, w1, w2, dy = _cast(_inputs(SHAPES[0], torch.float64, 6), torch.bfloat16)
+    shifted = torch.empty(x.numel() + 1, device=DEV, dtype=x.dtype)[1:].view(x.shape)
+    shifted.copy_(x)
+    for xs in (x, shifted):
+        results = []
+        for supported in (False, True):
+            monkeypatch.setattr(direct, "SUPPORTED", supported)
+            y, h = triton_launch.monarch_forward(xs, w1, w2, path=path, keep=True)
+            grads = triton_launch.monarch_backward(dy, xs, w1, w2, path=path, h=h)
+            results.append((y, *grads))
+        for a, b in zip(*results, strict=True):
+            assert torch.equal(a, b)
+
+
 def test_op_autotuned_with_batch_dims_and_autograd():
     x, w1, w2, dy = _inputs(SHAPES[1], torch.float64, 4)
     B = x.shape[0]
