@@ -2,14 +2,14 @@
 
 ``kernel[grid](*args)`` binds and specialises every argument, builds and looks up a cache-key
 string and reads the current device, stream and launch hooks on every call. ``launch`` keys a
-call on what the compiled code can depend on (each tensor's dtype and whether its data pointer
-is 16-byte aligned, every other argument's value, the constants and compiler options), asks
-Triton once per key for the kernel it would launch (``run(..., warmup=True)``: its own
-specialisation, compilation and caches) and from then on hands the arguments straight to that
-compiled kernel's launcher, as Triton's JIT does last. Exact integer values make the key at
-least as fine as Triton's integer specialisation (divisibility by 16, equality with 1);
-``tests/test_monarch_launch.py`` checks that alignment is all Triton reads of a tensor beyond its
-dtype, and that the launcher receives the very arguments the JIT would give it.
+call on what the compiled code can depend on (each tensor's dtype and its data pointer's
+offset from 16-byte alignment, every other argument's value, the constants and compiler
+options), asks Triton once per key for the kernel it would launch (``run(..., warmup=True)``:
+its own specialisation, compilation and caches) and from then on hands the arguments straight
+to that compiled kernel's launcher, as Triton's JIT does last. Exact integer values make the
+key at least as fine as Triton's integer specialisation (divisibility by 16, equality with 1);
+``tests/test_monarch_launch.py`` checks that 16-byte alignment is all Triton reads of a tensor
+beyond its dtype, and that the launcher receives the very arguments the JIT would give it.
 """
 
 from __future__ import annotations
