@@ -32,7 +32,11 @@ from .output import Renderer, live_sink
 from .results import CellError, ValueMesh
 from .targets import format_ranks, parse_targets
 
-INTERRUPT_GRACE = 1.5  # seconds the ranks get to stop after an interrupt before we give up
+# After an interrupt the ranks get INTERRUPT_GRACE seconds of silence to stop: a rank whose
+# output is still arriving (its backlog, on a busy machine) is still heard out, up to
+# INTERRUPT_FLUSH seconds in all, before it is reported as still running.
+INTERRUPT_GRACE = 1.5
+INTERRUPT_FLUSH = 10.0
 SETUP_TIMEOUT = 300
 REPLACE_TIMEOUT = 60  # seconds to wait for a nanny to replace a worker that died
 
@@ -305,7 +309,8 @@ class Controller:
             self._send_interrupt(running, req.id)
             stop.clear()  # a second Ctrl-C stops waiting for them
             with contextlib.suppress(KeyboardInterrupt, TimeoutError):
-                gathering.gather(req, renderer, time.monotonic() + INTERRUPT_GRACE, outcomes, stop)
+                flush = time.monotonic() + INTERRUPT_FLUSH
+                gathering.gather(req, renderer, flush, outcomes, stop, quiet=INTERRUPT_GRACE)
         return outcomes, (reason, running)
 
     def _send_interrupt(self, ranks: Iterable[int], target: str | None = None) -> None:

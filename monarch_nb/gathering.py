@@ -30,22 +30,30 @@ def gather(
     deadline: float | None = None,
     outcomes: dict[int, dict] | None = None,
     stop: threading.Event | None = None,
+    quiet: float | None = None,
 ) -> dict[int, dict]:
-    """Events of ``req`` until every rank is done; raises TimeoutError at ``deadline`` and
-    KeyboardInterrupt once ``stop`` is set, always between two events, so none is lost."""
+    """Events of ``req`` until every rank is done; raises TimeoutError at ``deadline`` or once
+    ``quiet`` seconds pass without an event, and KeyboardInterrupt once ``stop`` is set, always
+    between two events, so none is lost."""
     outcomes = {} if outcomes is None else outcomes
+    last = time.monotonic()
     try:
         while len(outcomes) < len(req.ranks):
             if stop is not None and stop.is_set():
                 raise KeyboardInterrupt
-            if deadline is not None and time.monotonic() >= deadline:
+            now = time.monotonic()
+            until = min(
+                deadline if deadline is not None else float("inf"),
+                last + quiet if quiet is not None else float("inf"),
+            )
+            if now >= until:
                 raise TimeoutError
-            wait = 0.1 if deadline is None else min(0.1, max(0.0, deadline - time.monotonic()))
             try:
-                rank, ev = req.events.get(timeout=wait)
+                rank, ev = req.events.get(timeout=min(0.1, until - now))
             except queue.Empty:
                 renderer.tick()
                 continue
+            last = time.monotonic()
             if ev["ev"] == "done":
                 outcomes[rank] = ev
             else:

@@ -302,6 +302,30 @@ def test_interrupt_during_an_output_flood_loses_nothing(cell, clean):
     assert all(n > 0 for n in cell("%%monarch\ni").values())
 
 
+# After the interrupt each rank prints for 3 s more, never silent for longer than 0.3 s.
+CLEANUP = (
+    "%%monarch --no-collapse\nimport time\ntry:\n    while True:\n        time.sleep(0.01)\n"
+    "except KeyboardInterrupt:\n    for i in range(10):\n        print('cleanup', rank, i)\n"
+    "        time.sleep(0.3)\n    raise"
+)
+
+
+def test_interrupt_hears_out_ranks_still_printing(cell, clean):
+    """A rank that keeps printing after the interrupt (its cleanup, or a backlog on a busy
+    machine) is not reported stuck while its output arrives, and none of it is lost."""
+    timers = press_stop(times=1)
+    try:
+        cell(CLEANUP, expect_error=True)
+    finally:
+        for timer in timers:
+            timer.cancel()
+    assert cell.error.headline == "interrupted ranks 0-1", cell.error
+    assert {e.ename for e in cell.error.errors.values()} == {"KeyboardInterrupt"}
+    for rank in (0, 1):
+        lines = [ln for ln in cell.out.splitlines() if ln.startswith(f"[rank {rank}] cleanup")]
+        assert lines == [f"[rank {rank}] cleanup {rank} {i}" for i in range(10)]
+
+
 def test_interrupt_of_a_noblock_cell(cell, clean):
     for how in ("handle", "magic"):
         handle = cell("%%monarch --noblock\nwhile True: pass")
