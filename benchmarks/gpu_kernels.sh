@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The Monarch kernels on a GPU machine, in one go, most important first: correctness against
 # the float64 reference (tests/test_monarch_gpu.py), the benchmark table (monarch_kernels.bench),
-# the host's launch work, Triton's JIT against direct launches (benchmarks/launch_host.py),
-# where the time goes by stage and on the host (benchmarks/gpu_stage_probe.py) and every
-# kernel config timed (monarch_kernels.tune). Logs go to $OUT (default /tmp/monarch-gpu).
+# the host's launch work, Triton's JIT against direct launches and launch plans
+# (benchmarks/launch_host.py), where the time goes by stage and on the host
+# (benchmarks/gpu_stage_probe.py) and every kernel config timed (monarch_kernels.tune).
+# Logs go to $OUT (default /tmp/monarch-gpu).
 # Needs torch, triton, pytest and pytest-xdist. Environment: TEST_WORKERS; PROBE_CASES and
 # TUNE_CASES (n:blocks:batch, space-separated; empty skips); BENCH_ARGS; TEST_, PROBE_,
 # BENCH_, LAUNCH_ and TUNE_TIMEOUT in seconds; BUDGET, seconds for the whole script: a step gets

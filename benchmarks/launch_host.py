@@ -1,14 +1,16 @@
 # ruff: noqa: E741
 # (l is a block count, as in the specification.)
-"""Host time of the Monarch op's launches: Triton's JIT launch against direct launches.
+"""Host time of the Monarch op's launches: Triton's JIT launch, direct launches, launch plans.
 
     PYTHONPATH=kernels:tests python benchmarks/launch_host.py [--blocks 64] [--batch 256]
 
 Microseconds of host work per call, for one launch, each launcher and a training step's
-forward and backward through autograd, with every launch going through ``kernel[grid](...)``
-(Triton's JIT: binding, specialisation and a cache key per call) and through
-``monarch_kernels.direct`` (that work once per argument kind), measured in the same run,
-alternating rounds, the fastest of each kept.
+forward and backward through autograd, measured in the same run, alternating rounds, the
+fastest of each kept, three ways: every launch through ``kernel[grid](...)`` (Triton's JIT:
+binding, specialisation and a cache key per call); through ``monarch_kernels.direct`` (that
+work once per argument kind); and with launch plans (``monarch_kernels.replay``: a launcher
+call like one seen before repeats its recorded launches, skipping the launcher's own checks,
+choices and arithmetic; "one launch" is no launcher call, so it has no plan).
 
 On a GPU the launches are real, at a batch small enough that the device keeps up. Without
 one, Triton's driver is ``tests/_fake_triton_driver.py``: the kernels are compiled for sm_90
@@ -24,7 +26,7 @@ import contextlib
 import time
 
 import torch
-from monarch_kernels import direct, monarch_matmul, ops, triton_launch
+from monarch_kernels import direct, monarch_matmul, ops, replay, triton_launch
 
 
 def _us(fn, calls: int, rounds: int = 5) -> list[float]:
@@ -88,20 +90,26 @@ def main() -> None:
     print(f"host microseconds per call; width {args.width}, {l} blocks, batch {B}, bfloat16")
     print(f"device: {where}; torch {torch.__version__}\n")
     width = max(map(len, calls))
-    print(f"| {'call'.ljust(width)} | Triton JIT | direct | saved |")
-    print(f"|{'-' * (width + 2)}|-----------:|-------:|------:|")
+    print(f"| {'call'.ljust(width)} | Triton JIT | direct | planned | saved |")
+    print(f"|{'-' * (width + 2)}|-----------:|-------:|--------:|------:|")
     if not direct.SUPPORTED:
         print("(this Triton is older than 3.3: every launch goes through its JIT)")
-    supported = direct.SUPPORTED
+    modes = {"jit": (False, False), "direct": (True, False), "planned": (True, True)}
+    if not direct.SUPPORTED:
+        modes = {"jit": (False, False), "planned": (False, True)}
+    saved = direct.SUPPORTED, replay.ENABLED
     for name, fn in calls.items():
         best = {}
         for _ in range(3):  # alternate, fastest of each
-            for mode in (False, True) if supported else (False,):
-                direct.SUPPORTED = mode
+            for mode, (direct_launches, plans) in modes.items():
+                direct.SUPPORTED, replay.ENABLED = direct_launches, plans
                 best[mode] = min(best.get(mode, float("inf")), *_us(fn, args.calls))
-        jit, fast = best[False], best.get(True, float("nan"))
-        print(f"| {name.ljust(width)} | {jit:10.1f} | {fast:6.1f} | {1 - fast / jit:5.0%} |")
-    direct.SUPPORTED = supported
+        jit, fast, plan = (best.get(m, float("nan")) for m in ("jit", "direct", "planned"))
+        print(
+            f"| {name.ljust(width)} | {jit:10.1f} | {fast:6.1f} | {plan:7.1f} "
+            f"| {1 - plan / jit:5.0%} |"
+        )
+    direct.SUPPORTED, replay.ENABLED = saved
     stack.close()
 
 

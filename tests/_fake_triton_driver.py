@@ -67,17 +67,17 @@ class FakeCudaDriver:
 
 @contextlib.contextmanager
 def fake_gpu():
-    """The fake driver active, with fresh JIT and direct-launch caches for our kernels (their
-    compiled-for-sm_90 entries are dropped again on exit)."""
-    from monarch_kernels import direct, triton_kernels
+    """The fake driver active, with fresh JIT, direct-launch and launch-plan caches for our
+    kernels (their compiled-for-sm_90 entries are dropped again on exit)."""
+    from monarch_kernels import direct, replay, triton_kernels
     from triton.runtime.jit import JITFunction
 
     kernels = [k for k in vars(triton_kernels).values() if isinstance(k, JITFunction)]
-    saved = driver._active, direct._compiled, direct._pointers
+    saved = driver._active, direct._compiled, direct._pointers, replay._plans
     saved_caches = [k.device_caches for k in kernels]
     fake = FakeCudaDriver()
     driver._active = fake
-    direct._compiled, direct._pointers = {}, {}
+    direct._compiled, direct._pointers, replay._plans = {}, {}, {}
     for k in kernels:
         k.device_caches = defaultdict(k.create_binder)
     try:
@@ -88,4 +88,4 @@ def fake_gpu():
                 for compiled in kernel_cache.values():
                     compiled.module = None  # loaded by this driver: nothing for the real one
             k.device_caches = caches
-        driver._active, direct._compiled, direct._pointers = saved
+        driver._active, direct._compiled, direct._pointers, replay._plans = saved

@@ -172,8 +172,63 @@ def check_op() -> int:
     return count
 
 
+def check_replay() -> int:
+    """Launch plans (``replay.py``): calls after the second repeat the recorded launches on
+    new tensors; every call's results must still be the reference's."""
+    import torch
+    from monarch_kernels import replay, triton_launch
+    from monarch_kernels.ops import _torch_backward
+
+    replay.ENABLED = True  # off under the interpreter by default
+    replays = []
+    replay_of = replay.Plan.replay
+    replay.Plan.replay = lambda self, inputs: replays.append(self) or replay_of(self, inputs)
+    count = 0
+    for i, shape in enumerate(SHAPES):
+        B, _k, _p, _q, l, s = shape
+        variants = (("two_kernel", "plain"), ("three_kernel", "strided"), (None, "offset"))
+        for path, variant in variants:
+            for call in range(4):  # new tensors each call: a plan must not keep the old ones
+                x, w1, w2 = _inputs(shape, seed=10 * i + call, strided=variant == "strided")
+                if variant == "offset":  # x starts 4 bytes into its storage
+                    x = torch.cat([torch.zeros(B, 1), x], 1)[:, 1:]
+                dy = torch.randn(B, s * l, generator=torch.Generator().manual_seed(call))
+                ctx = f"replay path={path} shape {shape} call {call}"
+                y, h = triton_launch.monarch_forward(x, w1, w2, path=path, keep=True)
+                _close("y", y, _reference(x, w1, w2), ctx)
+                got = triton_launch.monarch_backward(dy, x, w1, w2, path=path, h=h)
+                want = _torch_backward(dy, x, w1, w2)
+                for name, a, b in zip(("dx", "dw1", "dw2"), got, want, strict=True):
+                    _close(name, a, b, ctx)
+                count += 1
+        # dy read through a transpose: the launcher copies it (a torch op), so no plan
+        x, w1, w2 = _inputs(shape, seed=i, strided=False)
+        dy = torch.randn(s * l, B, generator=torch.Generator().manual_seed(i)).t()
+        before = len(replays)
+        for _ in range(3):
+            got = triton_launch.monarch_backward(dy, x, w1, w2, path="two_kernel")
+            want = _torch_backward(dy, x, w1, w2)
+            for name, a, b in zip(("dx", "dw1", "dw2"), got, want, strict=True):
+                _close(name, a, b, f"unplanned backward, shape {shape}")
+        if len(replays) != before:
+            raise AssertionError("a call whose launcher copies a tensor was replayed")
+    # per shape and path, forward and backward replay the third call
+    if len(replays) < 2 * 3 * len(SHAPES):
+        raise AssertionError(f"only {len(replays)} calls were replayed")
+    return count
+
+
+def _reference(x, w1, w2):
+    from monarch_kernels import monarch_reference
+
+    return monarch_reference(x, w1, w2)
+
+
 if __name__ == "__main__":
     if os.environ.get("TRITON_INTERPRET") != "1":
         sys.exit("run with TRITON_INTERPRET=1")
-    n = check_op() if sys.argv[2] == "op" else check(sys.argv[1], sys.argv[2])
+    if sys.argv[2] in ("op", "replay"):
+        n = check_op() if sys.argv[2] == "op" else check_replay()
+    else:
+        n = check(sys.argv[1], sys.argv[2])
     print(f"{n} checks passed")

@@ -140,10 +140,11 @@ def test_weight_gradients_are_deterministic(path):
 def test_direct_launches_match_tritons_own(monkeypatch, path):
     """The same compiled kernels launched by Triton's JIT and directly give the same bits,
     for aligned inputs and for an x whose data starts 2 bytes off 16-byte alignment."""
-    from monarch_kernels import direct
+    from monarch_kernels import direct, replay
 
     if not direct.SUPPORTED:
         pytest.skip("this Triton (older than 3.3) launches everything through its JIT")
+    monkeypatch.setattr(replay, "ENABLED", False)  # every call through the launchers
     x, w1, w2, dy = _cast(_inputs(SHAPES[0], torch.float64, 6), torch.bfloat16)
     shifted = torch.empty(x.numel() + 1, device=DEV, dtype=x.dtype)[1:].view(x.shape)
     shifted.copy_(x)
@@ -156,6 +157,38 @@ def test_direct_launches_match_tritons_own(monkeypatch, path):
             results.append((y, *grads))
         for a, b in zip(*results, strict=True):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("path", ["two_kernel", "three_kernel", "fused"])
+def test_launch_plans_match_the_launchers(monkeypatch, path):
+    """Calls replayed from a launch plan (``replay.py``) give the launchers' own bits, on new
+    tensors at new addresses each call."""
+    from monarch_kernels import replay
+
+    x, w1, w2, dy = _cast(_inputs(SHAPES[0], torch.float64, 7), torch.bfloat16)
+    keep = path != "fused"
+
+    def step(x, dy):
+        out = triton_launch.monarch_forward(x, w1, w2, path=path, keep=keep)
+        y, h = out if keep else (out, None)
+        return y, *triton_launch.monarch_backward(dy, x, w1, w2, path=path, h=h)
+
+    monkeypatch.setattr(replay, "ENABLED", False)
+    want = step(x, dy)
+    monkeypatch.setattr(replay, "ENABLED", True)
+    replays = []
+    replay_of = replay.Plan.replay
+    monkeypatch.setattr(
+        replay.Plan, "replay", lambda self, inputs: replays.append(1) or replay_of(self, inputs)
+    )
+    held = []  # every call's tensors stay alive, so none reuses another's address
+    for _ in range(4):  # seen, recorded, replayed twice
+        held.append((x.clone(), dy.clone()))
+        got = step(*held[-1])
+        held.append(got)
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
+    assert len(replays) == 4
 
 
 def test_op_autotuned_with_batch_dims_and_autograd():

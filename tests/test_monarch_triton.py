@@ -54,6 +54,12 @@ def test_custom_op_and_autograd_through_kernels_under_interpreter():
     _interpret("cuda", "op")
 
 
+def test_launch_plans_compute_what_the_launchers_do_under_interpreter():
+    """Replayed calls (``replay.py``) on new tensors, strided ones and one whose storage
+    starts 4 bytes on, match the reference; a launcher call that copies is never replayed."""
+    _interpret("cuda", "replay")
+
+
 # Shared memory / LDS one program may use: H100/H200 227 KB, A100 163 KB, MI300X 64 KB,
 # MI355X 160 KB.
 TARGETS = {

@@ -10,6 +10,9 @@ to that compiled kernel's launcher, as Triton's JIT does last. Exact integer val
 key at least as fine as Triton's integer specialisation (divisibility by 16, equality with 1);
 ``tests/test_monarch_launch.py`` checks that 16-byte alignment is all Triton reads of a tensor
 beyond its dtype, and that the launcher receives the very arguments the JIT would give it.
+Tensors are handed to the launcher as their addresses, which it takes as they are; given a
+tensor, it calls ``data_ptr()`` and asks the driver whether that is a device pointer
+(``cuPointerGetAttribute``, ``hipPointerGetAttribute``), on every launch, for every tensor.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import torch
 import triton
 from triton.runtime import driver
 from triton.runtime.jit import JITFunction
+
+from . import replay
 
 # From Triton 3.3 the launcher takes every argument, constexprs included, in the kernel's
 # order; before, the JIT dropped the constexprs first. Older versions keep Triton's own path.
@@ -32,20 +37,33 @@ _pointers: dict[int, int] = {}  # id(kernel) -> how many leading arguments are t
 def launch(kernel, grid: tuple[int, ...], args: tuple, constants: dict) -> None:
     """``kernel[grid](*args, **constants)``: ``args`` the non-constexpr parameters in order,
     tensors first (as every kernel here takes them), ``constants`` the constexprs and compiler
-    options by name. Under the interpreter (and on Triton before 3.3), Triton's own launch."""
+    options by name. Under the interpreter (and on Triton before 3.3), Triton's own launch.
+    A launch plan being recorded (``replay.py``) is told what was launched."""
+    rec = replay.state.recorder
     if not SUPPORTED or not isinstance(kernel, JITFunction):
-        kernel[grid](*args, **constants)
+        if rec is None:
+            kernel[grid](*args, **constants)
+            return
+        rec.paused = True  # the interpreter's own copies are not the launcher's operations
+        try:
+            kernel[grid](*args, **constants)
+        finally:
+            rec.paused = False
+        rec.interpreted(kernel, grid, args, constants)
         return
     n = _pointers.get(id(kernel))
     if n is None:
         n = _pointers[id(kernel)] = _leading_tensors(kernel, args)
     device = driver.active.get_current_device()
+    tensors = args[:n]
+    pointers = [t.data_ptr() for t in tensors]
     key = (
         id(kernel),
         device,
         args[n:],
         tuple(constants.items()),
-        *[(t.dtype, t.data_ptr() % 16) for t in args[:n]],
+        *[t.dtype for t in tensors],
+        *[p & 15 for p in pointers],  # the offset from 16-byte alignment
     )
     entry = _compiled.get(key)
     if entry is None:
@@ -54,7 +72,14 @@ def launch(kernel, grid: tuple[int, ...], args: tuple, constants: dict) -> None:
             _compiled.clear()
         _compiled[key] = entry
     compiled, tail = entry
-    compiled[(*grid, 1, 1)[:3]](*args, *tail, stream=driver.active.get_current_stream(device))
+    # Addresses rather than tensors: the launcher would call each tensor's data_ptr() and ask
+    # the driver to confirm it is a device pointer (cuPointerGetAttribute); the launchers have
+    # checked that the tensors are on the GPU.
+    launch_args = [*pointers, *args[n:], *tail]
+    runner = compiled[(*grid, 1, 1)[:3]]
+    runner(*launch_args, stream=driver.active.get_current_stream(device))
+    if rec is not None:
+        rec.compiled(runner, launch_args, n, device)
 
 
 def _leading_tensors(kernel, args: tuple) -> int:
