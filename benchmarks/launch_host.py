@@ -10,7 +10,9 @@ fastest of each kept, three ways: every launch through ``kernel[grid](...)`` (Tr
 binding, specialisation and a cache key per call); through ``monarch_kernels.direct`` (that
 work once per argument kind); and with launch plans (``monarch_kernels.replay``: a launcher
 call like one seen before repeats its recorded launches, skipping the launcher's own checks,
-choices and arithmetic; "one launch" is no launcher call, so it has no plan).
+choices and arithmetic; "one launch" is no launcher call, so it has no plan). Last, the
+same training step through a ``torch.autograd.Function`` that launches nothing: the part of
+the step that is torch's (autograd, and on a GPU its hand-off to the device's thread).
 
 On a GPU the launches are real, at a batch small enough that the device keeps up. Without
 one, Triton's driver is ``tests/_fake_triton_driver.py``: the kernels are compiled for sm_90
@@ -110,7 +112,31 @@ def main() -> None:
             f"| {1 - plan / jit:5.0%} |"
         )
     direct.SUPPORTED, replay.ENABLED = saved
+    floor = min(_us(lambda: _nothing_step(xg, w1, w2, dy), args.calls))
+    print(
+        f"\nthe same step through a torch.autograd.Function that launches nothing "
+        f"(torch's share): {floor:.1f}"
+    )
     stack.close()
+
+
+class _Nothing(torch.autograd.Function):
+    """Saves what the op saves and returns fresh tensors of its outputs' shapes."""
+
+    @staticmethod
+    def forward(ctx, x, w1, w2):
+        ctx.save_for_backward(x, w1, w2)
+        return x.new_empty(x.shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w1, w2 = ctx.saved_tensors
+        return x.new_empty(x.shape), w1.new_empty(w1.shape), w2.new_empty(w2.shape)
+
+
+def _nothing_step(x, w1, w2, dy) -> None:
+    w1.grad = w2.grad = x.grad = None
+    _Nothing.apply(x, w1, w2).backward(dy)
 
 
 class _Discard(list):

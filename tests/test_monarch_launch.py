@@ -211,3 +211,4 @@ def test_launch_host_benchmark_prints_every_way():
         _name, jit, fast, planned, saved = (c.strip() for c in row.strip("|").split("|"))
         assert float(jit) > 0 and float(fast) > 0 and float(planned) > 0
         assert saved.endswith("%")
+    assert "launches nothing (torch's share)" in proc.stdout
