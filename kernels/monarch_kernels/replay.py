@@ -60,10 +60,6 @@ def enabled(interpreting: bool) -> bool:
     return (not interpreting) if ENABLED is None else ENABLED
 
 
-def clear() -> None:
-    _plans.clear()
-
-
 def spoil() -> None:
     """Tell a recording running on this thread that this call cannot be repeated as recorded
     (its launches include autotuning or timing runs)."""
