@@ -176,7 +176,7 @@ def check_replay() -> int:
     """Launch plans (``replay.py``): calls after the second repeat the recorded launches on
     new tensors; every call's results must still be the reference's."""
     import torch
-    from monarch_kernels import replay, triton_launch
+    from monarch_kernels import monarch_reference, replay, triton_launch
     from monarch_kernels.ops import _torch_backward
 
     replay.ENABLED = True  # off under the interpreter by default
@@ -195,7 +195,7 @@ def check_replay() -> int:
                 dy = torch.randn(B, s * l, generator=torch.Generator().manual_seed(call))
                 ctx = f"replay path={path} shape {shape} call {call}"
                 y, h = triton_launch.monarch_forward(x, w1, w2, path=path, keep=True)
-                _close("y", y, _reference(x, w1, w2), ctx)
+                _close("y", y, monarch_reference(x, w1, w2), ctx)
                 got = triton_launch.monarch_backward(dy, x, w1, w2, path=path, h=h)
                 want = _torch_backward(dy, x, w1, w2)
                 for name, a, b in zip(("dx", "dw1", "dw2"), got, want, strict=True):
@@ -216,12 +216,6 @@ def check_replay() -> int:
     if len(replays) < 2 * 3 * len(SHAPES):
         raise AssertionError(f"only {len(replays)} calls were replayed")
     return count
-
-
-def _reference(x, w1, w2):
-    from monarch_kernels import monarch_reference
-
-    return monarch_reference(x, w1, w2)
 
 
 if __name__ == "__main__":

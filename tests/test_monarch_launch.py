@@ -126,18 +126,13 @@ def test_direct_launches_hand_the_launcher_what_triton_would(monkeypatch, nblock
 
 
 @pytest.mark.parametrize("nblocks", [64, 4])
-def test_launch_plans_repeat_the_launchers_launches(monkeypatch, nblocks):
+def test_launch_plans_repeat_the_launchers_launches(monkeypatch, nblocks, replays):
     """From a signature's third call the launchers' launches come from a plan
     (``replay.py``): the launcher must receive what the launchers themselves give it, with
     every pointer on the new call's tensors."""
     from _fake_triton_driver import fake_gpu
     from monarch_kernels import replay
 
-    replays = []
-    replay_of = replay.Plan.replay
-    monkeypatch.setattr(
-        replay.Plan, "replay", lambda self, inputs: replays.append(1) or replay_of(self, inputs)
-    )
     for path in _paths(nblocks):
         with fake_gpu() as gpu:
             monkeypatch.setattr(replay, "ENABLED", False)

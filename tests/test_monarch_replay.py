@@ -33,18 +33,6 @@ class _Kernel:
         return run
 
 
-@pytest.fixture
-def plans(monkeypatch):
-    monkeypatch.setattr(replay, "ENABLED", True)
-    monkeypatch.setattr(replay, "_plans", {})
-    replays = []
-    replay_of = replay.Plan.replay
-    monkeypatch.setattr(
-        replay.Plan, "replay", lambda self, inputs: replays.append(1) or replay_of(self, inputs)
-    )
-    return replays
-
-
 def _launcher(kernel, x, *, extra=None):
     """Doubles x into a fresh tensor in two launches (the second on a view of rows 2:), plus
     whatever ``extra`` does to it."""
@@ -59,7 +47,7 @@ def _call(kernel, x, **kw):
     return replay.call(key, (x,), lambda: _launcher(kernel, x, **kw))
 
 
-def test_third_call_replays_on_the_new_tensors(plans):
+def test_third_call_replays_on_the_new_tensors(replays):
     kernel = _Kernel()
     held = []
     for i in range(5):
@@ -69,11 +57,11 @@ def test_third_call_replays_on_the_new_tensors(plans):
         assert torch.equal(got, 2 * x + 1)
         assert got.data_ptr() not in {t.data_ptr() for t in held[:-1]}
         held.append(got)
-    assert len(plans) == 3  # seen, recorded, then replayed
+    assert len(replays) == 3  # seen, recorded, then replayed
     assert kernel.launches == 10  # a replay makes the same launches
 
 
-def test_replay_reads_an_input_at_its_own_offset(plans):
+def test_replay_reads_an_input_at_its_own_offset(replays):
     kernel = _Kernel()
     storage = torch.arange(20.0)
     for _ in range(3):
@@ -82,7 +70,7 @@ def test_replay_reads_an_input_at_its_own_offset(plans):
     storage2 = torch.arange(20.0) * 3
     x2 = storage2[4:10]
     assert torch.equal(_call(kernel, x2), 2 * x2 + 1)
-    assert len(plans) == 2
+    assert len(replays) == 2
 
 
 @pytest.mark.parametrize(
@@ -93,30 +81,45 @@ def test_replay_reads_an_input_at_its_own_offset(plans):
         pytest.param(lambda out: out[1:], id="a view as the result"),
     ],
 )
-def test_a_launcher_that_computes_with_torch_is_never_replayed(plans, extra):
+def test_a_launcher_that_computes_with_torch_is_never_replayed(replays, extra):
     kernel = _Kernel()
     for _ in range(replay.MAX_TRIES + 3):
         x = torch.arange(6.0)
         assert torch.equal(_call(kernel, x, extra=extra), extra(2 * x + 1))
-    assert plans == []
+    assert replays == []
 
 
-def test_recording_is_given_up_after_max_tries(plans, monkeypatch):
+def test_recording_is_given_up_after_max_tries(replays, monkeypatch):
     kernel = _Kernel()
     recordings = []
     enter = replay.Recorder.__enter__
     monkeypatch.setattr(replay.Recorder, "__enter__", lambda s: recordings.append(1) or enter(s))
 
     def spoiling(out):
-        replay.spoil()  # as the autotuner's and the path choice's timing runs do
+        replay.spoil()  # as the launchers do before Triton's autotuner launches
         return out
 
     for _ in range(replay.MAX_TRIES + 4):
         _call(kernel, torch.arange(6.0), extra=spoiling)
-    assert len(recordings) == replay.MAX_TRIES and plans == []
+    assert len(recordings) == replay.MAX_TRIES and replays == []
 
 
-def test_overlapping_inputs_are_not_recorded(plans):
+def test_a_launcher_calling_another_is_not_recorded(replays):
+    """The path choice runs each candidate path through the launcher inside the first
+    caller's call: those timing launches must not become the caller's plan."""
+    kernel = _Kernel()
+    for _ in range(4):
+        x = torch.arange(6.0)
+
+        def choosing(out, x=x):
+            replay.call(("candidate",), (x,), lambda: _launcher(kernel, x))  # a timing run
+            return out
+
+        assert torch.equal(_call(kernel, x, extra=choosing), 2 * x + 1)
+    assert replays == []
+
+
+def test_overlapping_inputs_are_not_recorded(replays):
     kernel = _Kernel()
 
     def launcher(a, b):
@@ -129,10 +132,10 @@ def test_overlapping_inputs_are_not_recorded(plans):
         a, b = base[:6], base[2:]  # b starts inside a
         got = replay.call(("overlap",), (a, b), lambda a=a, b=b: launcher(a, b))
         assert torch.equal(got, 2 * a)
-    assert plans == []
+    assert replays == []
 
 
-def test_a_launch_outside_the_call_tensors_is_not_recorded(plans):
+def test_a_launch_outside_the_call_tensors_is_not_recorded(replays):
     kernel = _Kernel()
     scratch = torch.zeros(6)  # made before the call: neither an input nor an allocation
 
@@ -143,10 +146,10 @@ def test_a_launch_outside_the_call_tensors_is_not_recorded(plans):
     for _ in range(4):
         x = torch.ones(6)
         replay.call(("outside",), (x,), lambda x=x: launcher(x))
-    assert plans == []
+    assert replays == []
 
 
-def test_plans_can_be_turned_off(plans, monkeypatch):
+def test_plans_can_be_turned_off(replays, monkeypatch):
     monkeypatch.setenv(replay.ENV_VAR, "0")
     assert not replay.enabled(interpreting=False)
     monkeypatch.delenv(replay.ENV_VAR)

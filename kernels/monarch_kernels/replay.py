@@ -62,7 +62,7 @@ def enabled(interpreting: bool) -> bool:
 
 def spoil() -> None:
     """Tell a recording running on this thread that this call cannot be repeated as recorded
-    (its launches include autotuning or timing runs)."""
+    (Triton's autotuner launches past ``direct.launch``)."""
     if state.recorder is not None:
         state.recorder.spoiled = True
 
@@ -71,7 +71,10 @@ def call(key: tuple, inputs: Sequence[torch.Tensor], launcher: Callable):
     """``launcher()``, through the plan for ``key`` where there is one. ``inputs``: every
     tensor the launcher reads."""
     if state.recorder is not None:
-        return launcher()  # inside another call's recording: its launches are that call's
+        # a launcher called inside another's recording (the path choice's timing runs): its
+        # launches would be taken for that call's
+        state.recorder.spoiled = True
+        return launcher()
     entry = _plans.get(key)
     if type(entry) is Plan:
         # launches go to the current device: a plan made for another runs as before

@@ -401,7 +401,6 @@ def _choose(direction: str, tensors: tuple, make_runs, capturing: str) -> str:
     if key not in _path_choice:
         if torch.cuda.is_current_stream_capturing():
             return capturing
-        replay.spoil()  # the timing runs' launches are not the call's
         runs = {p: run for p, run in make_runs().items() if _runs_here(p, run)}
         if not runs:
             raise RuntimeError(
