@@ -62,6 +62,7 @@ class Engine:
         self._current: str | None = None
         self._started_at: float | None = None
         self._in_user = False
+        self._interrupt_pending = False  # interrupted after taking a cell, before running it
         self._cancelled: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._aloop: asyncio.AbstractEventLoop | None = None
         install_routers()
@@ -104,6 +105,9 @@ class Engine:
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
                     ctypes.c_ulong(self._thread.ident), ctypes.py_object(KeyboardInterrupt)
                 )
+            elif self._current is not None:
+                # Taken but not yet running (being compiled, say): raised as it starts.
+                self._interrupt_pending = True
 
     def info(self) -> dict[str, Any]:
         names = [k for k in list(self.namespace) if not k.startswith("_") and k not in IDENTITY]
@@ -151,11 +155,15 @@ class Engine:
         finally:
             with self._lock:
                 self._current = self._started_at = None
+                self._interrupt_pending = False
             channel.reply({"ev": "done", "id": cid, **reply})
 
     def _enter_user(self) -> None:
         with self._lock:
             self._in_user = True
+            pending, self._interrupt_pending = self._interrupt_pending, False
+        if pending:
+            raise KeyboardInterrupt
 
     def _leave_user(self) -> None:
         while True:

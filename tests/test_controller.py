@@ -157,6 +157,29 @@ def test_interrupt_a_busy_loop_on_two_ranks(clean):
     assert all(n > 0 for n in clean.run("n").values())
 
 
+class _SleepOnLoad:
+    """Unpickles (to None) by sleeping ``seconds``: a request that a rank has taken but whose
+    code has not started yet."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __reduce__(self):
+        return time.sleep, (self.seconds,)
+
+
+def test_interrupt_before_the_code_starts_is_not_lost(clean):
+    """Ctrl-C while the ranks are still preparing a request (its arguments take 2 s to load)
+    interrupts it as it starts; it does not run to the end as if never interrupted."""
+    timer = threading.Timer(1.0, _thread.interrupt_main)
+    timer.start()
+    with pytest.raises(CellError) as info:
+        clean.call(lambda engine, _: "ran", _SleepOnLoad(2.0))
+    assert info.value.headline == "interrupted ranks 0-1"
+    assert {e.ename for e in info.value.errors.values()} == {"KeyboardInterrupt"}
+    assert clean.run("rank").values() == [0, 1]
+
+
 def test_timeout_interrupts_and_names_the_ranks(clean):
     with pytest.raises(CellTimeout) as info:
         clean.run("import time\nif rank == 1:\n    while True: pass\n'quick'", timeout=1)
