@@ -103,11 +103,25 @@ def main() -> None:
             lambda p=path: triton_launch.monarch_backward(dy, x, w1, w2, path=p),
             traffic=5 * act,
         )
-    for path in ("two_kernel", "three_kernel", "blas"):
+    for path in ("two_kernel", "three_kernel", "blas", "chunked"):
         _y, hk = triton_launch.monarch_forward(x, w1, w2, path="three_kernel", keep=True)
         add(
             f"op backward, {path}, h kept",
             lambda p=path, hk=hk: triton_launch.monarch_backward(dy, x, w1, w2, path=p, h=hk),
+            traffic=5 * act,
+        )
+    # the chunked path by chunk size: where the intermediates stop fitting in the L2 cache
+    default = triton_launch._chunk_rows(B, n * x.element_size(), dev)
+    for rows in sorted({512, 1024, 2048, 4096, default}):
+        add(
+            f"op forward, chunked, {rows} rows a chunk",
+            lambda c=rows: triton_launch.monarch_forward(x, w1, w2, path="chunked", chunk_rows=c),
+        )
+        add(
+            f"op backward, chunked, {rows} rows a chunk, h kept",
+            lambda c=rows: triton_launch.monarch_backward(
+                dy, x, w1, w2, path="chunked", h=hk, chunk_rows=c
+            ),
             traffic=5 * act,
         )
     print(f"{torch.cuda.get_device_name(dev)}; n={n} blocks={blocks} batch={B} bfloat16")

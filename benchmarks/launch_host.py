@@ -88,6 +88,16 @@ def main() -> None:
         calls[f"launcher backward, {path}"] = lambda p=path: triton_launch.monarch_backward(
             dy, x, w1, w2, path=p
         )
+    # the chunked path at its most launches: 16 chunks (an L2 cache too small for more rows)
+    for name, fn in (
+        ("launcher forward, chunked, 16 chunks", lambda: triton_launch.monarch_forward(
+            x, w1, w2, path="chunked"
+        )),
+        ("launcher backward, chunked, 16 chunks", lambda: triton_launch.monarch_backward(
+            dy, x, w1, w2, path="chunked"
+        )),
+    ):  # fmt: skip
+        calls[name] = _in_sixteen_chunks(fn)
     calls["forward+backward through autograd (chosen paths)"] = step
     print(f"host microseconds per call; width {args.width}, {l} blocks, batch {B}, bfloat16")
     print(f"device: {where}; torch {torch.__version__}\n")
@@ -118,6 +128,21 @@ def main() -> None:
         f"(torch's share): {floor:.1f}"
     )
     stack.close()
+
+
+def _in_sixteen_chunks(fn):
+    """``fn`` with the chunked path's chunk size as from an L2 cache that holds no row: the
+    batch in ``MAX_CHUNKS`` (16) chunks."""
+
+    def call():
+        l2_bytes = triton_launch._l2_bytes
+        triton_launch._l2_bytes = lambda device: 0
+        try:
+            return fn()
+        finally:
+            triton_launch._l2_bytes = l2_bytes
+
+    return call
 
 
 class _Nothing(torch.autograd.Function):

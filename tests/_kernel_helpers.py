@@ -102,6 +102,21 @@ def check(config_set: str, direction: str) -> int:
                 for name, a, b in zip(("dx", "dw1", "dw2"), got, grads, strict=True):
                     _close(name, a, b, f"{ctx} kept={kept is not None} vendor weight gradients")
         count += 1
+        # the chunked path in chunks of 16 rows, the last one partial; each chunk's weight
+        # gradients in 2 splits; with the intermediate kept, not kept, and recomputed
+        ctx = f"{config_set} {direction} chunked shape {shape}"
+        y, hc = monarch_forward(x, w1, w2, path="chunked", keep=True, chunk_rows=16)
+        _close("y", y, want, ctx)
+        _close("h", hc, h, ctx)
+        _close("y", monarch_forward(x, w1, w2, path="chunked", chunk_rows=16), want, ctx)
+        if direction == "backward":
+            for kept in (hc, None):
+                got = monarch_backward(
+                    dy, x, w1, w2, path="chunked", h=kept, chunk_rows=16, splits=2
+                )
+                for name, a, b in zip(("dx", "dw1", "dw2"), got, grads, strict=True):
+                    _close(name, a, b, f"{ctx} kept={kept is not None}")
+        count += 1
     if direction == "backward":
         count += _check_splits(config_set)
     return count
@@ -124,10 +139,12 @@ def _check_splits(config_set: str) -> int:
         dy = torch.randn(B, s * l, generator=torch.Generator().manual_seed(10))
         grads = _torch_backward(dy, x, w1, w2)
         want = monarch_reference(x, w1, w2)
-        for path in ("two_kernel", "three_kernel", "blas"):
+        for path in ("two_kernel", "three_kernel", "blas", "chunked"):
             ctx = f"{config_set} {path} shape {shape}"
-            _close("y", monarch_forward(x, w1, w2, path=path), want, ctx)
-            got = monarch_backward(dy, x, w1, w2, path=path, splits=3)
+            # chunked: 128 and 22 rows, 3 splits each (two, one of them with rows)
+            rows = 128 if path == "chunked" else None
+            _close("y", monarch_forward(x, w1, w2, path=path, chunk_rows=rows), want, ctx)
+            got = monarch_backward(dy, x, w1, w2, path=path, splits=3, chunk_rows=rows)
             for name, a, b in zip(("dx", "dw1", "dw2"), got, grads, strict=True):
                 _close(name, a, b, f"{ctx} backward in 3 splits")
             count += 1

@@ -159,12 +159,38 @@ def test_direct_launches_match_tritons_own(monkeypatch, path):
             assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("path", ["two_kernel", "three_kernel", "fused"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", SHAPES[:3], ids=lambda s: "x".join(map(str, s)))
+def test_chunked_path_in_several_chunks(shape, dtype):
+    """The chunked path in chunks of 256 rows (the last one partial), the intermediate kept,
+    not kept and recomputed, each chunk's weight gradients in their own splits."""
+    x, w1, w2, dy = _inputs(shape, torch.float64, 8, strided=True)
+    want = monarch_reference(x, w1, w2)
+    grads = _grads64(x, w1, w2, dy)
+    xs, w1s, w2s, dys = _cast((x, w1, w2, dy), dtype)
+    _poison()
+    y = triton_launch.monarch_forward(xs, w1s, w2s, path="chunked", chunk_rows=256)
+    assert _rel(y, want) < TOL[dtype], ("y", _rel(y, want))
+    _poison()
+    y, h = triton_launch.monarch_forward(xs, w1s, w2s, path="chunked", keep=True, chunk_rows=256)
+    assert _rel(y, want) < TOL[dtype], ("y kept", _rel(y, want))
+    for kept in (h, None):
+        _poison()
+        got = triton_launch.monarch_backward(
+            dys, xs, w1s, w2s, path="chunked", h=kept, chunk_rows=256
+        )
+        for name, a, b in zip(("dx", "dw1", "dw2"), got, grads, strict=True):
+            assert _rel(a, b) < TOL[dtype], (name, kept is None, _rel(a, b))
+
+
+@pytest.mark.parametrize("path", ["two_kernel", "three_kernel", "fused", "chunked"])
 def test_launch_plans_match_the_launchers(monkeypatch, path, replays):
     """Calls replayed from a launch plan (``replay.py``) give the launchers' own bits, on new
-    tensors at new addresses each call."""
+    tensors at new addresses each call (the chunked path in 128-row chunks, as from a 4 MiB
+    L2 cache)."""
     from monarch_kernels import replay
 
+    monkeypatch.setattr(triton_launch, "_l2_bytes", lambda device: 4 * 2**20)
     x, w1, w2, dy = _cast(_inputs(SHAPES[0], torch.float64, 7), torch.bfloat16)
     keep = path != "fused"
 

@@ -201,7 +201,7 @@ def test_launch_host_benchmark_prints_every_way():
     assert proc.returncode == 0, proc.stderr
     assert "Triton's driver stubbed" in proc.stdout
     rows = [r for r in proc.stdout.splitlines() if r.startswith("| ") and "Triton JIT" not in r]
-    assert len(rows) == 6
+    assert len(rows) == 8
     for row in rows:
         _name, jit, fast, planned, saved = (c.strip() for c in row.strip("|").split("|"))
         assert float(jit) > 0 and float(fast) > 0 and float(planned) > 0

@@ -296,12 +296,37 @@ def test_path_choice_times_each_direction_once_per_shape(monkeypatch):
     triton_launch._choose_forward_path(x, narrow, narrow, 1)
     triton_launch._choose_backward_path(x, x, narrow, narrow, None)
     triton_launch._choose_backward_path(x, x, wide, wide, None)
+    # and chunked where the batch comes in more than one chunk (rows of 32 bytes, a quarter
+    # of the 16 KiB stand-in L2: 128 rows a chunk)
+    many = torch.randn(129, 8)
+    triton_launch._choose_forward_path(many, narrow, narrow, 2)
+    triton_launch._choose_backward_path(many, many, narrow, narrow, None)
     assert seen == [
         ("forward", ["blas", "three_kernel", "two_kernel"]),
         ("forward", ["blas", "two_kernel"]),  # one output block: no output permutation
         ("backward", ["blas", "three_kernel", "two_kernel"]),
         ("backward", ["blas", "two_kernel"]),  # too wide to fuse the weight gradients
+        ("forward", ["blas", "chunked", "three_kernel", "two_kernel"]),
+        ("backward", ["blas", "chunked", "three_kernel", "two_kernel"]),
     ]
+
+
+def test_chunks_fit_a_share_of_the_l2_cache_and_are_few(monkeypatch):
+    """The chunked path's rows per chunk: each intermediate's chunk within a quarter of the
+    L2 cache, in multiples of 128 rows (16 for small ones), and at most 16 chunks."""
+    import torch
+    from monarch_kernels import triton_launch
+
+    gpu = torch.device("cuda")
+    row = 4096 * 2  # width 4096, bfloat16
+    monkeypatch.setattr(triton_launch, "_l2_bytes", lambda device: 50 * 2**20)  # H100, H200
+    assert triton_launch._chunk_rows(16384, row, gpu) == 1536  # 12.5 MiB / 8 KiB = 1600 rows
+    assert triton_launch._chunk_rows(1536, row, gpu) == 1536  # one chunk: not a candidate
+    assert triton_launch._chunk_rows(10**6, row, gpu) == 62512  # 16 chunks, 16-row multiple
+    monkeypatch.setattr(triton_launch, "_l2_bytes", lambda device: 4 * 2**20)  # MI300X, an XCD
+    assert triton_launch._chunk_rows(16384, row, gpu) == 1024  # 128 rows fit: 16 chunks
+    assert triton_launch._chunk_rows(16384, 3 * row, gpu) == 1024
+    assert triton_launch._chunk_rows(100, 4 * 2**20, gpu) == 16  # not even a row fits
 
 
 def test_blas_weight_gradients_use_the_vendor_gemm_only_where_it_is_deterministic(monkeypatch):

@@ -39,11 +39,12 @@ PATH_ENV_VAR = "MONARCH_KERNELS_PATH"  # forces one of PATHS
 # through grouped vector stores; three_kernel: stage 2 writes block-major, then each row is
 # transposed into y; blas: the block products on the vendor BLAS (cuBLAS, hipBLASLt) with the
 # middle permutation as a leading dimension, then one Triton pass for the output permutation
-# (blas.py). In the backward, two_kernel is the Triton chain with each weight gradient computed
+# (blas.py); chunked: three_kernel over row chunks whose intermediates fit in a share of the L2
+# cache, so that they need not travel to and from memory. In the backward, two_kernel is the Triton chain with each weight gradient computed
 # in the stage that reads the same gradient (narrow blocks; elsewhere it is three_kernel),
 # three_kernel the chain with separate weight-gradient kernels, fused the fused input-gradient
 # kernel. Without a forced path each direction times its candidates once per shape.
-PATHS = ("fused", "two_kernel", "three_kernel", "blas")
+PATHS = ("fused", "two_kernel", "three_kernel", "blas", "chunked")
 # The path whose launches run each kernel kind with the config given for it (tests, tune): the
 # one-block stage kernel writes block-major in three_kernel, the grouped one writes y in
 # two_kernel; the backward's three_kernel computes weight gradients apart, its two_kernel inside
@@ -63,6 +64,8 @@ _path_choice: dict[tuple, str] = {}  # (direction, shapes, strides, dtype, devic
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_BLOCKS = 65535  # grid axis 1 carries the block index
 MAX_ELEMENTS = 2**31 - 1  # row/feature offsets are computed in int32 before widening
+L2_SHARE = 4  # the chunked path's scratch: a quarter of the L2 cache for each intermediate
+MAX_CHUNKS = 16  # and at most this many chunks (three launches each)
 _KEYS = {
     # the strides that say which side is permuted: stage 1 and stage 2 have the same sizes in
     # the square case but very different memory access
@@ -291,23 +294,25 @@ def monarch_forward(
     configs: dict[str, triton.Config] | None = None,
     num_programs: int | None = None,
     keep: bool = False,
+    chunk_rows: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``(B, n) -> (B, s*l)``; with ``keep``, ``(y, h)``, h the feature-major intermediate
     (k*q, B) for the backward. ``path``: one of PATHS, or None (chosen here); ``keep`` never
-    takes the fused path, which holds no whole intermediate. A call like one seen before
+    takes the fused path, which holds no whole intermediate. ``chunk_rows``: the chunked
+    path's rows per chunk (by default from the L2 cache's size). A call like one seen before
     repeats its launches from a plan (``replay.py``)."""
 
     def launcher():
-        return _forward(x2, w1, w2, path, configs, num_programs, keep)
+        return _forward(x2, w1, w2, path, configs, num_programs, keep, chunk_rows)
 
     interp = interpreting()
-    if configs or num_programs or not replay.enabled(interp):
+    if configs or num_programs or chunk_rows or not replay.enabled(interp):
         return launcher()
     key = ("forward", _path(path), keep, GROUPED, interp, *_signature(x2, w1, w2))
     return replay.call(key, (x2, w1, w2), launcher)
 
 
-def _forward(x2, w1, w2, path, configs, num_programs, keep):
+def _forward(x2, w1, w2, path, configs, num_programs, keep, chunk_rows):
     _check(x=x2, w1=w1, w2=w2)
     k, q, p, l, s, r = _shapes(x2, w1, w2)
     configs = configs or {}
@@ -335,20 +340,72 @@ def _forward(x2, w1, w2, path, configs, num_programs, keep):
         strides = (*sx, *sw1, *sw2, *sy, q, 1, 1, l)
         _fused(x2, w1, w2, y, scratch, sizes, slot_rows, strides, nprog, False, fused_cfg)
         return y
-    if path == "blas":
+    if path in ("three_kernel", "chunked"):
+        rows = B
+        if path == "chunked":
+            rows = chunk_rows or _chunk_rows(B, max(k * q, l * s) * x2.element_size(), x2.device)
+        h = _three_kernel_forward(x2, w1, w2, y, max(1, rows), keep, configs)
+    elif path == "blas":
         ht, yt = blas.forward_stages(x2, w1, w2)
         _batch_last(y, yt, l, s, to_flat=True)
         h = ht.view(k * q, B)
     else:
         h = x2.new_empty(k * q, B)  # feature-major intermediate, row tiles contiguous
         _stage(x2, w1, h, B, k, q, p, sx, sw1, (1, q * B, B), configs)
-        if path == "two_kernel":
-            _stage(h, w2, y, B, l, s, r, (1, B, l * B), sw2, sy, configs)
-        else:
-            yb = x2.new_empty(B, l * s)  # yb[b, j*s + a]: coalesced along a
-            _stage(h, w2, yb, B, l, s, r, (1, B, l * B), sw2, (l * s, s, 1), configs)
-            y = _transpose_rows(yb, l, s)
+        _stage(h, w2, y, B, l, s, r, (1, B, l * B), sw2, sy, configs)
     return (y, h) if keep else y
+
+
+def _l2_bytes(device: torch.device) -> int:
+    """The L2 cache's size; a small stand-in under the interpreter, so that test sizes come
+    in several chunks."""
+    if device.type != "cuda":
+        return 16 * 1024
+    return torch.cuda.get_device_properties(device).L2_cache_size
+
+
+def _chunk_rows(B: int, row_bytes: int, device: torch.device) -> int:
+    """Rows per chunk of the chunked path: as many as keep each intermediate's chunk within
+    ``1/L2_SHARE`` of the L2 cache (a multiple of 128 rows, which row tiles divide, or of 16
+    for small chunks), but no more than ``MAX_CHUNKS`` chunks. Multiples of 16 rows start
+    every chunk 16-byte aligned in the feature-major intermediate."""
+    fit = _l2_bytes(device) // L2_SHARE // row_bytes
+    fit = fit // 128 * 128 if fit >= 256 else max(16, fit // 16 * 16)
+    return max(fit, _cdiv(_cdiv(B, MAX_CHUNKS), 16) * 16)
+
+
+def _three_kernel_forward(x2, w1, w2, y, rows, keep, configs) -> torch.Tensor | None:
+    """The three-kernel chain over chunks of ``rows`` rows (one chunk: ``three_kernel``;
+    several: ``chunked``), into ``y``; returns the whole intermediate with ``keep``.
+
+    Stage 1 writes the feature-major intermediate, stage 2 a block-major ``yb[b, j*s + a]``
+    (coalesced along a), and a row transpose moves that into y. Each chunk's intermediates are written by one kernel and read by the next while still in
+    the L2 cache, and the scratch they live in is reused by the next chunk, so their lines
+    are overwritten there rather than written back: memory sees x read and y written (and,
+    with ``keep``, h written), where the unchunked chain moves every intermediate both ways.
+    """
+    k, q, p = w1.shape
+    l, s, r = w2.shape
+    B = x2.shape[0]
+    h = x2.new_empty(k * q, B if keep else min(rows, B))
+    permuted = l > 1 and s > 1  # else stage 2 writes y directly, in its own order
+    yb = x2.new_empty(min(rows, B), l * s) if permuted else None
+    sw1 = (w1.stride(0), w1.stride(1), w1.stride(2))
+    sw2 = (w2.stride(0), w2.stride(1), w2.stride(2))
+    for c0 in range(0, B, rows):
+        n = min(rows, B - c0)
+        xc, yc = x2[c0 : c0 + n], y[c0 : c0 + n]
+        hc = h[:, c0 : c0 + n] if keep else h[:, :n]
+        ld = hc.stride(0)
+        sx = (xc.stride(0), p * xc.stride(1), xc.stride(1))
+        _stage(xc, w1, hc, n, k, q, p, sx, sw1, (1, q * ld, ld), configs)
+        if permuted:
+            _stage(hc, w2, yb[:n], n, l, s, r, (1, ld, l * ld), sw2, (l * s, s, 1), configs)
+            _transpose_rows(yb[:n], l, s, out=yc)
+        else:
+            sy = (yc.stride(0), yc.stride(1), l * yc.stride(1))
+            _stage(hc, w2, yc, n, l, s, r, (1, ld, l * ld), sw2, sy, configs)
+    return h if keep else None
 
 
 def _choose_forward_path(x2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, l: int) -> str:
@@ -359,9 +416,18 @@ def _choose_forward_path(x2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, l
         # fewest launches first (see _choose); with one output block there is no output
         # permutation: three_kernel is two_kernel
         paths = ("two_kernel", "blas") if l == 1 else ("two_kernel", "blas", "three_kernel")
+        if _chunked_pays(x2, w1, w2):
+            paths += ("chunked",)  # more launches than any: listed last
         return {p: (lambda p=p: monarch_forward(x2, w1, w2, path=p)) for p in paths}
 
     return _choose("forward", (x2, w1, w2), runs, "three_kernel")
+
+
+def _chunked_pays(x2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> bool:
+    """Whether the chunked path would make more than one chunk (else it is three_kernel)."""
+    (k, q, _p), (l, s, _r) = w1.shape, w2.shape
+    row_bytes = max(k * q, l * s) * x2.element_size()
+    return x2.shape[0] > _chunk_rows(x2.shape[0], row_bytes, x2.device)
 
 
 def _choose_backward_path(dy2, x2, w1, w2, h) -> str:
@@ -373,6 +439,8 @@ def _choose_backward_path(dy2, x2, w1, w2, h) -> str:
         (_k, q, p), (_l, s, r) = w1.shape, w2.shape
         fusable = bool(_stage_wgrad_configs(None, (r, s), (p, q)))
         paths = ("two_kernel", "blas", "three_kernel") if fusable else ("two_kernel", "blas")
+        if _chunked_pays(x2, w1, w2):
+            paths += ("chunked",)  # more launches than any: listed last
         return {
             path: (lambda path=path: monarch_backward(dy2, x2, w1, w2, path=path, h=h))
             for path in paths
@@ -459,10 +527,14 @@ def _batch_last(flat: torch.Tensor, blk: torch.Tensor, l: int, s: int, *, to_fla
     _run(_batch_last_kernel, grid, args, TO_FLAT=to_flat, BLOCK_M=64, BLOCK_O=64)
 
 
-def _transpose_rows(t: torch.Tensor, P: int, Q: int) -> torch.Tensor:
-    """Each row of ``t`` (B, P*Q), read as P x Q, transposed: a contiguous (B, Q*P)."""
+def _transpose_rows(
+    t: torch.Tensor, P: int, Q: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Each row of ``t`` (B, P*Q), read as P x Q, transposed: a contiguous (B, Q*P), or
+    written into ``out`` (B, Q*P) with unit feature stride."""
     B = t.shape[0]
-    out = t.new_empty(B, Q * P)
+    if out is None:
+        out = t.new_empty(B, Q * P)
     if t.stride(1) != 1:
         t = t.contiguous()
     bp = min(64, _pow2(P))
@@ -485,6 +557,10 @@ class _Partials:
         self.buf = torch.empty(splits, self.n1 + w2.numel(), device=w1.device, dtype=torch.float32)
         self.dw1 = self.buf[:, : self.n1].view(splits, *w1.shape)
         self.dw2 = self.buf[:, self.n1 :].view(splits, *w2.shape)
+
+    def split_range(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Splits ``start`` to ``stop`` of both partials (one chunk's)."""
+        return self.dw1[start:stop], self.dw2[start:stop]
 
     def finish(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``(dw1, dw2)``: the partials summed in split order (deterministic), in ``dtype``,
@@ -555,24 +631,26 @@ def monarch_backward(
     num_programs: int | None = None,
     splits: int | None = None,
     h: torch.Tensor | None = None,
+    chunk_rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients ``(dx, dw1, dw2)`` for ``y = monarch(x, w1, w2)`` given ``dy``; ``h``, the
     forward's feature-major intermediate (k*q, B), spares recomputing it. ``path``: one of
-    PATHS, or None (chosen here). A call like one seen before repeats its launches from a
-    plan (``replay.py``)."""
+    PATHS, or None (chosen here); ``chunk_rows`` as for ``monarch_forward`` (``splits`` is
+    then per chunk). A call like one seen before repeats its launches from a plan
+    (``replay.py``)."""
 
     def launcher():
-        return _backward(dy2, x2, w1, w2, path, configs, num_programs, splits, h)
+        return _backward(dy2, x2, w1, w2, path, configs, num_programs, splits, h, chunk_rows)
 
     interp = interpreting()
-    if configs or num_programs or splits or not replay.enabled(interp):
+    if configs or num_programs or splits or chunk_rows or not replay.enabled(interp):
         return launcher()
     key = ("backward", _path(path), GROUPED, interp, *_signature(dy2, x2, w1, w2, h))
     inputs = (dy2, x2, w1, w2) if h is None else (dy2, x2, w1, w2, h)
     return replay.call(key, inputs, launcher)
 
 
-def _backward(dy2, x2, w1, w2, path, configs, num_programs, splits, h):
+def _backward(dy2, x2, w1, w2, path, configs, num_programs, splits, h, chunk_rows):
     _check(dy=dy2, x=x2, w1=w1, w2=w2)
     k, q, p, l, s, r = _shapes(x2, w1, w2)
     B = x2.shape[0]
@@ -584,63 +662,98 @@ def _backward(dy2, x2, w1, w2, path, configs, num_programs, splits, h):
         h = None  # not the forward's feature-major intermediate: recompute it
     path = _path(path) or _choose_backward_path(dy2, x2, w1, w2, h)
     configs = configs or {}
-    sms = _sm_count(x2.device)
     # the weight gradients fold into the stages where a tile holds a whole block
     fitting = _stage_wgrad_configs(configs.get("stage_wgrad"), (r, s), (p, q))
-    fuse = path == "two_kernel" and bool(fitting)
+    fuse = path in ("two_kernel", "chunked") and bool(fitting)
+    rows = B
+    if path == "chunked":
+        rows = chunk_rows or _chunk_rows(B, max(k * q, l * s) * x2.element_size(), x2.device)
+        rows = min(rows, B)
     if splits is None:
         # Enough programs for about eight per SM (each reduction is a long, latency-bound
-        # loop), but at least 256 rows of reduction each.
+        # loop), but at least 256 rows of reduction each (in each chunk).
         tiles = 1 if fuse else max(1, (q // 64) * (p // 64))
-        splits = max(1, min(_cdiv(8 * sms, max(k, l) * tiles), _cdiv(B, 256)))
+        sms = _sm_count(x2.device)
+        splits = max(1, min(_cdiv(8 * sms, max(k, l) * tiles), _cdiv(rows, 256)))
     if path == "blas":
         vendor = vendor_weight_grads(x2.device)
         return _blas_backward(dy2, x2, w1, w2, h, splits, configs.get("wgrad"), vendor)
-    sx = (x2.stride(0), p * x2.stride(1), x2.stride(1))
-    # dY[b, j, a] = dy[b, a*l + j]: put into block-major order once, for the three readers
-    # (no permutation to undo when l or s is 1)
-    if l > 1 and s > 1:
-        dy2, sdy = _transpose_rows(dy2, s, l), (l * s, s, 1)
+    chunks = _cdiv(B, rows) if rows else 1
+    partials = _Partials(chunks * splits, w1, w2)
+    dx = x2.new_empty(B, k * p)
+    # scratch for one chunk's rows (all of them, unchunked): dY in block-major order (none
+    # where there is no permutation to undo), dF, and h where the forward kept none
+    dyb = x2.new_empty(rows, l * s) if l > 1 and s > 1 else None
+    df = x2.new_empty(k * q, rows)
+    hbuf = x2.new_empty(k * q, rows) if h is None else None
+    if fuse:
+        how = ("fuse", configs.get("stage_wgrad") or (fitting[0] if interpreting() else None))
+    elif path == "fused":
+        how = ("fused", num_programs or 4 * _sm_count(x2.device))
     else:
-        sdy = (dy2.stride(0), dy2.stride(1), l * dy2.stride(1))
+        how = ("apart", None)
+    for c in range(chunks):
+        c0, c1 = c * rows, min(B, (c + 1) * rows)
+        _backward_rows(
+            dy2[c0:c1], x2[c0:c1], None if h is None else h[:, c0:c1], dx[c0:c1],
+            (dyb, df, hbuf), partials.split_range(c * splits, (c + 1) * splits),
+            w1, w2, how, configs,
+        )  # fmt: skip
+    return dx, *partials.finish(w1.dtype)
+
+
+def _backward_rows(dy, x, h, dx, scratch, partials, w1, w2, how, configs) -> None:
+    """The Triton backward of one range of rows: ``dx`` written, the weight gradients' split
+    partials into ``partials`` (dw1's, dw2's). ``scratch`` holds buffers for at least these
+    rows: dY block-major (None where l or s is 1), dF and h (used where ``h`` is None).
+    ``how``: ("fuse", config) computes each weight gradient in the stage that reads the same
+    gradient; ("fused", programs) the input gradient in one fused launch; ("apart", None)
+    the stages, then the weight-gradient kernels."""
+    k, q, p = w1.shape
+    l, s, r = w2.shape
+    B = x.shape[0]
+    dyb, df, hbuf = scratch
+    pdw1, pdw2 = partials
+    sx = (x.stride(0), p * x.stride(1), x.stride(1))
+    # dY[b, j, a] = dy[b, a*l + j]: put into block-major order once, for the readers that
+    # follow (no permutation to undo when l or s is 1)
+    if dyb is not None:
+        dy, sdy = _transpose_rows(dy, s, l, out=dyb[:B]), (l * s, s, 1)
+    else:
+        sdy = (dy.stride(0), dy.stride(1), l * dy.stride(1))
     # The input gradient is the transposed Monarch product: w2[j].T, then (l r) -> (r l), then
     # w1[i].T. dF, the gradient of the flat intermediate, is kept feature-major for dw1.
     sw2t = (w2.stride(0), w2.stride(2), w2.stride(1))
     sw1t = (w1.stride(0), w1.stride(2), w1.stride(1))
-    df = x2.new_empty(k * q, B)
-    dx = x2.new_empty(B, k * p)
+    df = df[:, :B]
+    ld = df.stride(0)
     sdx = (dx.stride(0), p, 1)
     if h is None:  # stage 1 again, where the forward kept nothing
-        h = x2.new_empty(k * q, B)
+        h = hbuf[:, :B]
         sw1 = (w1.stride(0), w1.stride(1), w1.stride(2))
-        _stage(x2, w1, h, B, k, q, p, sx, sw1, (1, q * B, B), configs)
-    if fuse:
-        # autotuning prunes the configs that do not hold a block; the interpreter takes the
-        # first that does
-        cfg = configs.get("stage_wgrad") or (fitting[0] if interpreting() else None)
+        _stage(x, w1, h, B, k, q, p, sx, sw1, (1, q * h.stride(0), h.stride(0)), configs)
+    lh = h.stride(0)
+    mode, arg = how
+    if mode == "fuse":
         # dF = dY w2[j] (intermediate order) with dw2[j] = dY[j].T G[j], G[b, j, rr] =
         # h[rr*l + j, b]; then dx = dF w1[i] with dw1[i] = dF[i].T x[i]
-        partials = _Partials(splits, w1, w2)
-        strides = (*sdy, *sw2t, 1, B, l * B, 1, B, l * B)
-        _stage_wgrad(dy2, w2, df, h, partials.dw2, (B, l, r, s), strides, cfg)
-        strides = (1, q * B, B, *sw1t, *sdx, *sx)
-        _stage_wgrad(df, w1, dx, x2, partials.dw1, (B, k, p, q), strides, cfg)
-        return dx, *partials.finish(w1.dtype)
-    if path == "fused":
+        strides = (*sdy, *sw2t, 1, ld, l * ld, 1, lh, l * lh)
+        _stage_wgrad(dy, w2, df, h, pdw2, (B, l, r, s), strides, arg)
+        strides = (1, q * ld, ld, *sw1t, *sdx, *sx)
+        _stage_wgrad(df, w1, dx, x, pdw1, (B, k, p, q), strides, arg)
+        return
+    if mode == "fused":
         sizes = (B, l, r, s, k, p, q)
         # Stage A writes element rr of block j at rr*l + j; stage B reads i*q + a.
         strides = (*sdy, *sw2t, *sw1t, *sdx, 1, l, q, 1)
-        nprog = num_programs or 4 * sms
-        _fused(dy2, w2, w1, dx, df, sizes, B, strides, nprog, True, configs.get("fused"))
+        _fused(dy, w2, w1, dx, df, sizes, ld, strides, arg, True, configs.get("fused"))
     else:
-        _stage(dy2, w2, df, B, l, r, s, sdy, sw2t, (1, B, l * B), configs)
-        _stage(df, w1, dx, B, k, p, q, (1, q * B, B), sw1t, sdx, configs)
-    partials = _Partials(splits, w1, w2)
+        _stage(dy, w2, df, B, l, r, s, sdy, sw2t, (1, ld, l * ld), configs)
+        _stage(df, w1, dx, B, k, p, q, (1, q * ld, ld), sw1t, sdx, configs)
     cfg = configs.get("wgrad")
-    _wgrad(df, x2, partials.dw1, k, q, p, B, (1, q * B, B), sx, cfg)
+    _wgrad(df, x, pdw1, k, q, p, B, (1, q * ld, ld), sx, cfg)
     # dw2[j] = dY[j].T @ G[j], with G[b, j, rr] = h[rr*l + j, b]
-    _wgrad(dy2, h, partials.dw2, l, s, r, B, sdy, (1, B, l * B), cfg)
-    return dx, *partials.finish(w1.dtype)
+    _wgrad(dy, h, pdw2, l, s, r, B, sdy, (1, lh, l * lh), cfg)
 
 
 def vendor_weight_grads(device: torch.device) -> bool:
