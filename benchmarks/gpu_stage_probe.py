@@ -110,6 +110,16 @@ def main() -> None:
             lambda p=path, hk=hk: triton_launch.monarch_backward(dy, x, w1, w2, path=p, h=hk),
             traffic=5 * act,
         )
+    # the pipelined forward by rounds between a tile's stages (its ring holds 2*lag + 2 tiles;
+    # the config is tuned once, at the first lag; None: the launcher's own)
+    default_lag = triton_launch.PIPELINE_LAG
+    for lag in (None, 1, 2, 4, 8, 16, 32):
+        triton_launch.PIPELINE_LAG = lag
+        add(
+            f"op forward, pipelined, lag {lag or 'chosen'}",
+            lambda: triton_launch.monarch_forward(x, w1, w2, path="pipelined"),
+        )
+    triton_launch.PIPELINE_LAG = default_lag
     # the chunked path by chunk size: where the intermediates stop fitting in the L2 cache
     default = triton_launch._chunk_rows(B, n * x.element_size(), dev)
     for rows in sorted({512, 1024, 2048, 4096, default}):

@@ -68,7 +68,7 @@ def check(config_set: str, direction: str) -> int:
         dy = torch.randn(want.shape, generator=torch.Generator().manual_seed(100 + i))
         grads = _torch_backward(dy, x, w1, w2)
         kinds = ("fused", "stage", "group")
-        kinds += ("wgrad", "stage_wgrad") if direction == "backward" else ()
+        kinds += ("wgrad", "stage_wgrad") if direction == "backward" else ("pipeline",)
         for kind in kinds:
             for cfg in _configs(config_set, kind):
                 path = triton_launch.KIND_PATHS[kind]
@@ -139,6 +139,8 @@ def _check_splits(config_set: str) -> int:
         dy = torch.randn(B, s * l, generator=torch.Generator().manual_seed(10))
         grads = _torch_backward(dy, x, w1, w2)
         want = monarch_reference(x, w1, w2)
+        ctx = f"{config_set} pipelined shape {shape}"
+        _close("y", _pipelined_in_ten_tiles(x, w1, w2, config_set), want, ctx)
         for path in ("two_kernel", "three_kernel", "blas", "chunked"):
             ctx = f"{config_set} {path} shape {shape}"
             # chunked: 128 and 22 rows, 3 splits each (two, one of them with rows)
@@ -149,6 +151,24 @@ def _check_splits(config_set: str) -> int:
                 _close(name, a, b, f"{ctx} backward in 3 splits")
             count += 1
     return count
+
+
+def _pipelined_in_ten_tiles(x, w1, w2, config_set: str):
+    """The pipelined forward with 16-row tiles (150 rows: ten, the last partial) and one round
+    between stages, so that its four scratch slots are each reused: a stage-1 item waits for
+    the transposes of the tile four before it. Three programs share the work."""
+    import triton
+    from monarch_kernels import triton_launch
+
+    cfg = _configs(config_set, "pipeline")[0]
+    cfg = triton.Config({**cfg.kwargs, "BLOCK_M": 16}, num_warps=cfg.num_warps)
+    lag, triton_launch.PIPELINE_LAG = triton_launch.PIPELINE_LAG, 1
+    try:
+        return triton_launch.monarch_forward(
+            x, w1, w2, path="pipelined", configs={"pipeline": cfg}, num_programs=3
+        )
+    finally:
+        triton_launch.PIPELINE_LAG = lag
 
 
 def check_op() -> int:

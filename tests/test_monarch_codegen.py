@@ -1,7 +1,7 @@
 """What the Triton kernels compile to, read without a GPU: their global memory accesses.
 
 Each launch the launchers make at width 4096 with 64 and with 4 blocks (every path but the fused
-one, forward and backward; the chunked path in an H200's L2-sized chunks) is compiled ahead of time for sm_90 and gfx942 with the specialisation Triton's JIT
+one, forward and backward; the chunked path in an H200's L2-sized chunks; the pipelined forward) is compiled ahead of time for sm_90 and gfx942 with the specialisation Triton's JIT
 gives those arguments (pointers and integers divisible by 16, integers equal to 1 folded), and
 its assembly must move bfloat16 data in vectors: an access of one 16-bit element per
 instruction is what an unknown alignment or a result tile stored across its columns compiles
@@ -26,7 +26,7 @@ SCALAR_16BIT = {
     "hip": re.compile(r"\b(?:global|buffer)_(?:load|store)_(?:short|ushort|sshort)\w*"),
 }
 TARGETS = {"sm_90": ("cuda", 90, 32), "gfx942": ("hip", "gfx942", 64)}
-TYPES = {"torch.bfloat16": "bf16", "torch.float32": "fp32"}
+TYPES = {"torch.bfloat16": "bf16", "torch.float32": "fp32", "torch.int32": "i32"}
 
 
 def _record_launches(monkeypatch, nblocks: int):
@@ -48,7 +48,12 @@ def _record_launches(monkeypatch, nblocks: int):
         launches.append((triton_launch._KERNELS[kind], args, {**const, "config": config}))
 
     monkeypatch.setattr(triton_launch, "_launch", launch)
-    for name in ("_batch_last_kernel", "_transpose_rows_kernel", "_sum_splits_kernel"):
+    for name in (
+        "_batch_last_kernel",
+        "_transpose_rows_kernel",
+        "_sum_splits_kernel",
+        "_zero_kernel",
+    ):
         monkeypatch.setattr(triton_launch, name, Recorder(getattr(triton_launch, name)))
     monkeypatch.setattr(triton_launch, "interpreting", lambda: True)  # CPU tensors pass checks
     monkeypatch.setattr(triton_launch, "_sm_count", lambda device: 132)  # an H200's split count
@@ -61,6 +66,7 @@ def _record_launches(monkeypatch, nblocks: int):
     for path in ("two_kernel", "three_kernel", "blas", "chunked"):
         _y, h = triton_launch.monarch_forward(x, w1, w2, path=path, keep=True)
         triton_launch.monarch_backward(dy, x, w1, w2, path=path, h=h)
+    triton_launch.monarch_forward(x, w1, w2, path="pipelined")  # it keeps no intermediate
     return launches
 
 
@@ -107,8 +113,8 @@ def test_kernels_move_bfloat16_in_vectors(monkeypatch, target, nblocks):
     backend, arch, warp = TARGETS[target]
     seen, compiled = set(), 0
     for kernel, args, kwargs in _record_launches(monkeypatch, nblocks):
-        if kernel is triton_launch._sum_splits_kernel.kernel:
-            continue  # its output splits at the first weight's size: any alignment
+        if kernel in (triton_launch._sum_splits_kernel.kernel, triton_launch._zero_kernel.kernel):
+            continue  # its output splits at the first weight's size: any alignment; counters
         config = kwargs.get("config")
         if config is None and kernel in triton_launch._KERNELS.values():
             fitting = [

@@ -100,7 +100,7 @@ def test_forward_and_backward_match_reference(shape, path, dtype):
             assert _rel(a, b) < TOL[dtype], (name, _rel(a, b))
 
 
-@pytest.mark.parametrize("kind", ["stage", "group", "fused", "wgrad", "stage_wgrad"])
+@pytest.mark.parametrize("kind", ["stage", "group", "fused", "wgrad", "stage_wgrad", "pipeline"])
 def test_every_config_of_the_active_backend(kind):
     """bfloat16, the square many-block case and an odd one, every config of ``kind``."""
     # 32-wide blocks, which every stage_wgrad config holds whole (wider ones fuse only in some)
@@ -159,6 +159,26 @@ def test_direct_launches_match_tritons_own(monkeypatch, path):
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("lag,programs", [(1, 3), (1, 8), (None, None), (4, None), (2, 1024)])
+def test_pipelined_forward_hands_tiles_between_programs(monkeypatch, lag, programs):
+    """The one-launch forward with its ring of scratch slots reused many times (4096 rows in
+    64-row tiles), by few programs and by more than the GPU holds at once: matches the
+    reference, and gives the same bits run after run (a tile read before its producer's
+    stores were visible would not)."""
+    monkeypatch.setattr(triton_launch, "PIPELINE_LAG", lag)
+    shape = (4096, 64, 64, 64, 64, 64)
+    x, w1, w2, _dy = _inputs(shape, torch.float64, 9)
+    want = monarch_reference(x, w1, w2)
+    xs, w1s, w2s = _cast((x, w1, w2), torch.bfloat16)
+    first = None
+    for _ in range(5):
+        _poison()
+        y = triton_launch.monarch_forward(xs, w1s, w2s, path="pipelined", num_programs=programs)
+        assert _rel(y, want) < TOL[torch.bfloat16], _rel(y, want)
+        first = y if first is None else first
+        assert torch.equal(y, first)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("shape", SHAPES[:3], ids=lambda s: "x".join(map(str, s)))
 def test_chunked_path_in_several_chunks(shape, dtype):
@@ -183,7 +203,7 @@ def test_chunked_path_in_several_chunks(shape, dtype):
             assert _rel(a, b) < TOL[dtype], (name, kept is None, _rel(a, b))
 
 
-@pytest.mark.parametrize("path", ["two_kernel", "three_kernel", "fused", "chunked"])
+@pytest.mark.parametrize("path", ["two_kernel", "three_kernel", "fused", "chunked", "pipelined"])
 def test_launch_plans_match_the_launchers(monkeypatch, path, replays):
     """Calls replayed from a launch plan (``replay.py``) give the launchers' own bits, on new
     tensors at new addresses each call (the chunked path in 128-row chunks, as from a 4 MiB
@@ -192,7 +212,7 @@ def test_launch_plans_match_the_launchers(monkeypatch, path, replays):
 
     monkeypatch.setattr(triton_launch, "_l2_bytes", lambda device: 4 * 2**20)
     x, w1, w2, dy = _cast(_inputs(SHAPES[0], torch.float64, 7), torch.bfloat16)
-    keep = path != "fused"
+    keep = path not in ("fused", "pipelined")
 
     def step(x, dy):
         out = triton_launch.monarch_forward(x, w1, w2, path=path, keep=keep)

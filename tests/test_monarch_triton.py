@@ -79,6 +79,8 @@ def _compile(kernel, constexprs: dict, options: dict, target, dtype: str):
             signature[name] = "constexpr"
         elif name == "partial_ptr":
             signature[name] = "*fp32"
+        elif name == "sync_ptr":
+            signature[name] = "*i32"
         elif name.endswith("_ptr"):
             signature[name] = f"*{dtype}"
         else:
@@ -101,6 +103,7 @@ def test_every_config_compiles_for_its_gpus(config_set):
         _block_stage_wgrad_kernel,
         _block_wgrad_kernel,
         _monarch_fused_kernel,
+        _monarch_pipeline_kernel,
     )
 
     kernels = {
@@ -109,6 +112,7 @@ def test_every_config_compiles_for_its_gpus(config_set):
         "fused": _monarch_fused_kernel,
         "wgrad": _block_wgrad_kernel,
         "stage_wgrad": _block_stage_wgrad_kernel,
+        "pipeline": _monarch_pipeline_kernel,
     }
     compiled = 0
     for backend, arch, warp, smem_limit in TARGETS[config_set]:
@@ -121,6 +125,10 @@ def test_every_config_compiles_for_its_gpus(config_set):
                 constexprs = dict(cfg.kwargs)
                 if kind == "group":
                     constexprs["stride_out_o"] = 64  # y's block count, a compile-time constant
+                if kind == "pipeline":  # as its launcher sets them at width 4096, 64 blocks
+                    parts = constexprs["BLOCK_M"] // 16
+                    constexprs.update(L=64, S=64, J1=8, J2=8, PARTS=parts, BLOCK_T=2)
+                    constexprs.update(BLOCK_P=64, BLOCK_Q=64)
                 options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
                 for opt in ("waves_per_eu", "matrix_instr_nonkdim"):
                     if opt in constexprs:
@@ -167,7 +175,7 @@ def test_permutation_kernels_compile_for_its_gpus(config_set):
 def test_config_sets_are_distinct_and_fit_their_chip():
     from monarch_kernels.configs import _SMEM_BYTES, _cuda_configs, _fits, _hip_configs
 
-    for kind in ("stage", "group", "fused", "wgrad", "stage_wgrad"):
+    for kind in ("stage", "group", "fused", "wgrad", "stage_wgrad", "pipeline"):
         cuda, mi300, mi355 = (
             _cuda_configs(kind),
             _hip_configs(kind, "gfx942"),

@@ -116,7 +116,7 @@ def _methods(n: int, blocks: int, device, dtype, use_compile: bool):
     fns = {name: (group, fn, contextlib.nullcontext) for name, (group, fn) in fns.items()}
     if device.type == "cuda":
         # each of the op's paths forced (forward and backward), to see what the op chose from
-        for path in ("fused", "two_kernel", "three_kernel", "blas", "chunked"):
+        for path in ("fused", "two_kernel", "three_kernel", "blas", "chunked", "pipelined"):
             fns[f"op, {path} path"] = (
                 "fused",
                 lambda x: monarch_matmul(x, w1, w2),

@@ -1,6 +1,6 @@
 """Autotune configurations, one function per Triton backend, and the one ``is_hip()``.
 
-Five kernel kinds share the meta-parameters ``BLOCK_M`` (batch rows), ``BLOCK_O`` (output
+Six kernel kinds share the meta-parameters ``BLOCK_M`` (batch rows), ``BLOCK_O`` (output
 features of a block) and ``BLOCK_C`` (the reduction):
 
 * ``"stage"`` — one block-diagonal stage, one block per program (``_block_matmul_kernel``),
@@ -14,7 +14,9 @@ features of a block) and ``BLOCK_C`` (the reduction):
 * ``"wgrad"`` — weight gradients (``_block_wgrad_kernel``); ``BLOCK_M`` is the reduction step;
 * ``"stage_wgrad"`` — a backward stage and a weight gradient from the same loads, for narrow
   blocks (``_block_stage_wgrad_kernel``): ``BLOCK_O`` and ``BLOCK_C`` must cover a whole block
-  (the launcher prunes those that do not), and the block's weights stay resident.
+  (the launcher prunes those that do not), and the block's weights stay resident;
+* ``"pipeline"`` — the forward in one launch through a ring of L2 scratch slots
+  (``_monarch_pipeline_kernel``); ``BLOCK_M`` is a row tile, the unit handed between stages.
 
 Override with ``MONARCH_KERNELS_CONFIGS``: ``cuda`` or ``hip`` forces a backend's set, or give
 configs explicitly, ``;``-separated, e.g.
@@ -33,7 +35,7 @@ import triton
 
 ENV_VAR = "MONARCH_KERNELS_CONFIGS"
 FUSED_MAX_BLOCK_M = 64
-KINDS = ("stage", "group", "fused", "wgrad", "stage_wgrad")
+KINDS = ("stage", "group", "fused", "wgrad", "stage_wgrad", "pipeline")
 
 # Shared memory (NVIDIA) / LDS (AMD) per SM or CU that one program may plan for.
 _SMEM_BYTES = {"cuda": 160 * 1024, "gfx942": 64 * 1024, "gfx950": 160 * 1024}
@@ -123,6 +125,11 @@ def _cuda_configs(kind: str = "stage") -> list[triton.Config]:
         # One program per SM holds BLOCK_M x k*q of scratch in L2: 16-32 rows keep 132 SMs'
         # scratch within a few tens of MB at width 4096.
         shapes = [(16, 64, 64, 4, 3), (32, 64, 64, 4, 3), (32, 128, 64, 8, 3), (64, 64, 32, 4, 3)]
+    elif kind == "pipeline":
+        # A row tile's two intermediates take a ring slot each (2 x BLOCK_M x width: 1 MB for
+        # 64 rows at width 4096 in bf16; ten slots stay within a fifth of an H200's L2); two
+        # programs an SM keep one's loads in flight while the other waits on a counter.
+        shapes = [(64, 64, 64, 4, 2), (64, 64, 32, 4, 3), (128, 64, 64, 8, 2), (32, 64, 64, 4, 2)]
     elif kind == "wgrad":
         # BLOCK_M is the reduction here: long K-loops favour deeper pipelines.
         shapes = [(64, 64, 64, 4, 3), (128, 64, 64, 4, 4), (128, 128, 64, 8, 3), (32, 32, 32, 4, 4)]
@@ -185,6 +192,10 @@ def _hip_configs(kind: str = "stage", arch: str | None = None) -> list[triton.Co
         return [c for c in cfgs if _fits(c, _SMEM_BYTES["gfx950" if big else "gfx942"])]
     if kind == "fused":
         shapes = [(16, 64, 64, 4, 2, 2), (32, 64, 64, 4, 2, 2), (64, 64, 32, 4, 2, 1)]
+    elif kind == "pipeline":
+        # as on NVIDIA; MI300X's 8 dies each have their own 4 MB L2, so slots handed between
+        # programs on different dies meet in the 256 MB Infinity Cache instead
+        shapes = [(64, 64, 64, 4, 2, 2), (32, 64, 64, 4, 2, 2), (64, 64, 32, 4, 2, 1)]
     elif kind == "wgrad":
         shapes = [(64, 64, 64, 4, 2, 2), (128, 64, 32, 4, 2, 2), (32, 32, 32, 4, 2, 2)]
         if big:

@@ -26,8 +26,10 @@ from .triton_kernels import (
     _block_stage_wgrad_kernel,
     _block_wgrad_kernel,
     _monarch_fused_kernel,
+    _monarch_pipeline_kernel,
     _sum_splits_kernel,
     _transpose_rows_kernel,
+    _zero_kernel,
 )
 
 try:  # what a kernel that does not build or launch raises (ptxas's errors too, on Triton 3.2+)
@@ -40,11 +42,14 @@ PATH_ENV_VAR = "MONARCH_KERNELS_PATH"  # forces one of PATHS
 # transposed into y; blas: the block products on the vendor BLAS (cuBLAS, hipBLASLt) with the
 # middle permutation as a leading dimension, then one Triton pass for the output permutation
 # (blas.py); chunked: three_kernel over row chunks whose intermediates fit in a share of the L2
-# cache, so that they need not travel to and from memory. In the backward, two_kernel is the Triton chain with each weight gradient computed
+# cache, so that they need not travel to and from memory; pipelined: the forward in one launch,
+# each row tile's intermediates handed between programs through a ring of L2 scratch slots
+# (not chosen automatically until measured on a GPU). In the backward, two_kernel is the Triton chain with each weight gradient computed
 # in the stage that reads the same gradient (narrow blocks; elsewhere it is three_kernel),
 # three_kernel the chain with separate weight-gradient kernels, fused the fused input-gradient
-# kernel. Without a forced path each direction times its candidates once per shape.
-PATHS = ("fused", "two_kernel", "three_kernel", "blas", "chunked")
+# kernel, and pipelined is chunked. Without a forced path each direction times its candidates
+# once per shape.
+PATHS = ("fused", "two_kernel", "three_kernel", "blas", "chunked", "pipelined")
 # The path whose launches run each kernel kind with the config given for it (tests, tune): the
 # one-block stage kernel writes block-major in three_kernel, the grouped one writes y in
 # two_kernel; the backward's three_kernel computes weight gradients apart, its two_kernel inside
@@ -55,6 +60,7 @@ KIND_PATHS = {
     "fused": "fused",
     "wgrad": "three_kernel",
     "stage_wgrad": "two_kernel",
+    "pipeline": "pipelined",
 }
 # Compiler options of every launch. FMA contraction stays on as Triton has always defaulted;
 # said explicitly, the kernels compile the same on Triton 3.10 (whose default turns it off)
@@ -66,6 +72,9 @@ MAX_BLOCKS = 65535  # grid axis 1 carries the block index
 MAX_ELEMENTS = 2**31 - 1  # row/feature offsets are computed in int32 before widening
 L2_SHARE = 4  # the chunked path's scratch: a quarter of the L2 cache for each intermediate
 MAX_CHUNKS = 16  # and at most this many chunks (three launches each)
+# rounds of work items between a row tile's stages in the pipelined forward; None: as many as
+# the programs take at once, within half the L2 cache (_pipeline_lag)
+PIPELINE_LAG: int | None = None
 _KEYS = {
     # the strides that say which side is permuted: stage 1 and stage 2 have the same sizes in
     # the square case but very different memory access
@@ -74,6 +83,7 @@ _KEYS = {
     "fused": ["B", "K1", "O1", "C1", "K2", "O2", "C2", "FULL_SCRATCH"],
     "wgrad": ["B", "NBLK", "NOUT", "NRED"],
     "stage_wgrad": ["B", "NBLK", "NOUT", "NRED", "stride_in_m", "stride_out_m"],
+    "pipeline": [],  # tuned by its launcher (each launch needs its counters zeroed)
 }
 _KERNELS = {
     "stage": _block_matmul_kernel,
@@ -81,6 +91,7 @@ _KERNELS = {
     "fused": _monarch_fused_kernel,
     "wgrad": _block_wgrad_kernel,
     "stage_wgrad": _block_stage_wgrad_kernel,
+    "pipeline": _monarch_pipeline_kernel,
 }
 GROUPED = True  # False sends every stage to the one-block kernel (tuning and tests)
 _autotuned: dict[str, object] = {}  # kind -> Triton's autotuner over the backend's configs
@@ -317,7 +328,7 @@ def _forward(x2, w1, w2, path, configs, num_programs, keep, chunk_rows):
     k, q, p, l, s, r = _shapes(x2, w1, w2)
     configs = configs or {}
     path = _path(path)
-    if path is None or (keep and path == "fused"):
+    if path is None or (keep and path in ("fused", "pipelined")):
         path = _choose_forward_path(x2, w1, w2, l)
     B = x2.shape[0]
     y = x2.new_empty(B, s * l)
@@ -340,6 +351,10 @@ def _forward(x2, w1, w2, path, configs, num_programs, keep, chunk_rows):
         strides = (*sx, *sw1, *sw2, *sy, q, 1, 1, l)
         _fused(x2, w1, w2, y, scratch, sizes, slot_rows, strides, nprog, False, fused_cfg)
         return y
+    if path == "pipelined":
+        nprog = num_programs or 4 * _sm_count(x2.device)
+        _pipelined(x2, w1, w2, y, (sx, sw1, sw2), nprog, configs.get("pipeline"))
+        return y
     if path in ("three_kernel", "chunked"):
         rows = B
         if path == "chunked":
@@ -354,6 +369,76 @@ def _forward(x2, w1, w2, path, configs, num_programs, keep, chunk_rows):
         _stage(x2, w1, h, B, k, q, p, sx, sw1, (1, q * B, B), configs)
         _stage(h, w2, y, B, l, s, r, (1, B, l * B), sw2, sy, configs)
     return (y, h) if keep else y
+
+
+def _pipelined(x2, w1, w2, y, strides, nprog: int, config) -> None:
+    """The forward in one launch of at most ``nprog`` persistent programs (and one to zero its
+    counters), with ``config`` or the fastest of the backend's configs, timed here on first
+    use of a shape (Triton's autotuner would rerun the launch without zeroing them; inside a
+    CUDA-graph capture, where nothing can be timed, the first config)."""
+    k, q, p = w1.shape
+    l, s, r = w2.shape
+    B = x2.shape[0]
+
+    def launch(cfg: triton.Config) -> None:
+        bm = cfg.kwargs["BLOCK_M"]
+        tiles = _cdiv(B, bm)
+        # items of about 512 outputs; transposes of 16 rows, in tiles as _transpose_rows's
+        j1, j2 = _blocks_per_item(k, q), _blocks_per_item(l, s)
+        parts = max(1, bm // 16)
+        per_round = k // j1 + l // j2 + parts
+        slot_bytes = bm * (k * q + l * s) * x2.element_size()
+        lag = PIPELINE_LAG or _pipeline_lag(nprog, per_round, slot_bytes, x2.device)
+        ring = min(2 * lag + 2, tiles)  # > 2*lag, or every tile a slot of its own
+        h = x2.new_empty(ring * k * q * bm)
+        yb = x2.new_empty(ring * bm * l * s)
+        sync = torch.empty(1 + 3 * tiles, dtype=torch.int32, device=x2.device)
+        _run(_zero_kernel, (_cdiv(sync.numel(), 1024),), (sync, sync.numel()), BLOCK=1024)
+        bp, bq = min(64, _pow2(l)), min(64, _pow2(s))
+        bt = max(1, min(bm // parts, 8192 // (bp * bq)))
+        grid = (max(1, min(nprog, (tiles + 2 * lag) * per_round)),)
+        args = (x2, w1, w2, y, h, yb, sync, B, k, q, p, r, *strides[0], *strides[1])
+        args += (*strides[2], y.stride(0), lag, ring)
+        const = dict(L=l, S=s, J1=j1, J2=j2, PARTS=parts, BLOCK_P=bp, BLOCK_Q=bq, BLOCK_T=bt)
+        _launch("pipeline", lambda meta: grid, args, cfg, **const)
+
+    if config is None:
+        key = ("pipeline", *_signature(x2, w1, w2))
+        untimed = interpreting() or torch.cuda.is_current_stream_capturing()
+        config = _tuned.get(key) or (get_configs("pipeline")[0] if untimed else None)
+        if config is None:
+            replay.spoil()  # the timing launches are not the call's
+            config = _tuned[key] = _fastest(launch, get_configs("pipeline"))
+    launch(config)
+
+
+def _pipeline_lag(nprog: int, per_round: int, slot_bytes: int, device: torch.device) -> int:
+    """Rounds between a tile's stages: as many as ``nprog`` programs hold at once, so that an
+    item's inputs were taken that many tickets earlier and are usually done; fewer where the
+    ring of ``2*lag + 2`` slots would take more than half the L2 cache."""
+    fits = (_l2_bytes(device) // 2 // slot_bytes - 2) // 2
+    return max(1, min(_cdiv(nprog, per_round), fits))
+
+
+def _blocks_per_item(nblk: int, width: int) -> int:
+    """Blocks per stage item of the pipelined forward: 8, 4, 2 or 1, dividing the block
+    count, about 512 outputs an item (one block where blocks are wider)."""
+    return next(j for j in (8, 4, 2, 1) if nblk % j == 0 and j * width <= max(width, 512))
+
+
+def _fastest(launch, configs: list) -> triton.Config:
+    """The config of ``configs`` whose ``launch(config)`` runs fastest; those that do not build
+    on this chip are skipped, as Triton's autotuner skips them."""
+    times = {}
+    for cfg in configs:
+        try:
+            launch(cfg)  # compiles
+        except (_BuildError, triton.OutOfResources):
+            continue
+        times[cfg] = min(_call_ms(lambda c=cfg: launch(c), calls=3) for _ in range(3))
+    if not times:
+        raise RuntimeError("monarch_kernels: no pipelined config builds on this device")
+    return min(times, key=times.get)
 
 
 def _l2_bytes(device: torch.device) -> int:
@@ -661,6 +746,8 @@ def _backward(dy2, x2, w1, w2, path, configs, num_programs, splits, h, chunk_row
     if h is not None and h.stride() != (B, 1):
         h = None  # not the forward's feature-major intermediate: recompute it
     path = _path(path) or _choose_backward_path(dy2, x2, w1, w2, h)
+    if path == "pipelined":
+        path = "chunked"  # its backward: the pipelined forward keeps no intermediate
     configs = configs or {}
     # the weight gradients fold into the stages where a tile holds a whole block
     fitting = _stage_wgrad_configs(configs.get("stage_wgrad"), (r, s), (p, q))

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", default="4096:64:16384", help="n:blocks:batch")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--kinds", default="group,stage,fused,wgrad,stage_wgrad")
+    parser.add_argument("--kinds", default="group,stage,pipeline,fused,wgrad,stage_wgrad")
     args = parser.parse_args(argv)
     n, blocks, batch = (int(v) for v in args.case.split(":"))
     dtype = getattr(torch, args.dtype)
@@ -97,6 +97,15 @@ def main(argv: list[str] | None = None) -> None:
                         dy, x, w1, w2, path=p, configs=c
                     ),
                 )
+            elif kind == "pipeline":  # a forward kernel; in the backward its path is chunked
+                for nprog in (sms, 2 * sms, 4 * sms):
+                    add(
+                        f"pipeline {_fmt(cfg)} progs={nprog}",
+                        "fwd",
+                        lambda c=c, p=nprog: triton_launch.monarch_forward(
+                            x, w1, w2, path="pipelined", configs=c, num_programs=p
+                        ),
+                    )
             elif kind == "fused":
                 for nprog in (sms, 2 * sms):
                     add(
