@@ -135,12 +135,12 @@ def _in_sixteen_chunks(fn):
     batch in ``MAX_CHUNKS`` (16) chunks."""
 
     def call():
-        l2_bytes = triton_launch._l2_bytes
-        triton_launch._l2_bytes = lambda device: 0
+        l2_bytes = triton_launch._cache_bytes
+        triton_launch._cache_bytes = lambda device: 0
         try:
             return fn()
         finally:
-            triton_launch._l2_bytes = l2_bytes
+            triton_launch._cache_bytes = l2_bytes
 
     return call
 

@@ -1,7 +1,8 @@
 """What the Triton kernels compile to, read without a GPU: their global memory accesses.
 
 Each launch the launchers make at width 4096 with 64 and with 4 blocks (every path but the fused
-one, forward and backward; the chunked path in an H200's L2-sized chunks; the pipelined forward) is compiled ahead of time for sm_90 and gfx942 with the specialisation Triton's JIT
+one, forward and backward; the chunked path in an H200's L2-sized chunks; the pipelined
+forward) is compiled ahead of time for sm_90 and gfx942 with the specialisation Triton's JIT
 gives those arguments (pointers and integers divisible by 16, integers equal to 1 folded), and
 its assembly must move bfloat16 data in vectors: an access of one 16-bit element per
 instruction is what an unknown alignment or a result tile stored across its columns compiles
@@ -57,7 +58,7 @@ def _record_launches(monkeypatch, nblocks: int):
         monkeypatch.setattr(triton_launch, name, Recorder(getattr(triton_launch, name)))
     monkeypatch.setattr(triton_launch, "interpreting", lambda: True)  # CPU tensors pass checks
     monkeypatch.setattr(triton_launch, "_sm_count", lambda device: 132)  # an H200's split count
-    monkeypatch.setattr(triton_launch, "_l2_bytes", lambda device: 50 * 2**20)  # and L2 chunks
+    monkeypatch.setattr(triton_launch, "_cache_bytes", lambda device: 50 * 2**20)  # and L2 chunks
     B, n, width = 16384, 4096, 4096 // nblocks  # (empty tensors: nothing is touched)
     x = torch.empty(B, n, dtype=torch.bfloat16)
     dy = torch.empty(B, n, dtype=torch.bfloat16)

@@ -210,7 +210,7 @@ def test_launch_plans_match_the_launchers(monkeypatch, path, replays):
     L2 cache)."""
     from monarch_kernels import replay
 
-    monkeypatch.setattr(triton_launch, "_l2_bytes", lambda device: 4 * 2**20)
+    monkeypatch.setattr(triton_launch, "_cache_bytes", lambda device: 4 * 2**20)
     x, w1, w2, dy = _cast(_inputs(SHAPES[0], torch.float64, 7), torch.bfloat16)
     keep = path not in ("fused", "pipelined")
 

@@ -319,6 +319,31 @@ def test_path_choice_times_each_direction_once_per_shape(monkeypatch):
     ]
 
 
+def test_the_shared_cache_is_the_l2_on_nvidia_and_the_infinity_cache_on_instinct(monkeypatch):
+    """What the chunked and pipelined paths size their scratch by, from the device's
+    properties as torch reports them (ROCm builds name the architecture)."""
+    import types
+
+    import torch
+    from monarch_kernels import triton_launch
+
+    def props(**kw):
+        return lambda device: types.SimpleNamespace(**kw)
+
+    gpu = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props(L2_cache_size=50 * 2**20))
+    assert triton_launch._cache_bytes(gpu) == 50 * 2**20  # H200: no gcnArchName
+    for arch in ("gfx942:sramecc+:xnack-", "gfx950"):
+        monkeypatch.setattr(
+            torch.cuda, "get_device_properties", props(L2_cache_size=4 * 2**20, gcnArchName=arch)
+        )
+        assert triton_launch._cache_bytes(gpu) == 256 * 2**20
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", props(L2_cache_size=6 * 2**20, gcnArchName="gfx1100")
+    )
+    assert triton_launch._cache_bytes(gpu) == 6 * 2**20  # a Radeon: its L2 as reported
+
+
 def test_chunks_fit_a_share_of_the_l2_cache_and_are_few(monkeypatch):
     """The chunked path's rows per chunk: each intermediate's chunk within a quarter of the
     L2 cache, in multiples of 128 rows (16 for small ones), and at most 16 chunks."""
@@ -327,11 +352,11 @@ def test_chunks_fit_a_share_of_the_l2_cache_and_are_few(monkeypatch):
 
     gpu = torch.device("cuda")
     row = 4096 * 2  # width 4096, bfloat16
-    monkeypatch.setattr(triton_launch, "_l2_bytes", lambda device: 50 * 2**20)  # H100, H200
+    monkeypatch.setattr(triton_launch, "_cache_bytes", lambda device: 50 * 2**20)  # H100, H200
     assert triton_launch._chunk_rows(16384, row, gpu) == 1536  # 12.5 MiB / 8 KiB = 1600 rows
     assert triton_launch._chunk_rows(1536, row, gpu) == 1536  # one chunk: not a candidate
     assert triton_launch._chunk_rows(10**6, row, gpu) == 62512  # 16 chunks, 16-row multiple
-    monkeypatch.setattr(triton_launch, "_l2_bytes", lambda device: 4 * 2**20)  # MI300X, an XCD
+    monkeypatch.setattr(triton_launch, "_cache_bytes", lambda device: 4 * 2**20)
     assert triton_launch._chunk_rows(16384, row, gpu) == 1024  # 128 rows fit: 16 chunks
     assert triton_launch._chunk_rows(16384, 3 * row, gpu) == 1024
     assert triton_launch._chunk_rows(100, 4 * 2**20, gpu) == 16  # not even a row fits

@@ -41,14 +41,15 @@ PATH_ENV_VAR = "MONARCH_KERNELS_PATH"  # forces one of PATHS
 # through grouped vector stores; three_kernel: stage 2 writes block-major, then each row is
 # transposed into y; blas: the block products on the vendor BLAS (cuBLAS, hipBLASLt) with the
 # middle permutation as a leading dimension, then one Triton pass for the output permutation
-# (blas.py); chunked: three_kernel over row chunks whose intermediates fit in a share of the L2
-# cache, so that they need not travel to and from memory; pipelined: the forward in one launch,
-# each row tile's intermediates handed between programs through a ring of L2 scratch slots
-# (not chosen automatically until measured on a GPU). In the backward, two_kernel is the Triton chain with each weight gradient computed
-# in the stage that reads the same gradient (narrow blocks; elsewhere it is three_kernel),
-# three_kernel the chain with separate weight-gradient kernels, fused the fused input-gradient
-# kernel, and pipelined is chunked. Without a forced path each direction times its candidates
-# once per shape.
+# (blas.py); chunked: three_kernel over row chunks whose intermediates fit in a share of the
+# shared cache, so that they need not travel to and from memory; pipelined: the forward in one
+# launch, each row tile's intermediates handed between programs through a ring of scratch
+# slots in that cache (not chosen automatically until measured on a GPU). In the backward,
+# two_kernel is the Triton chain with each weight gradient computed in the stage that reads the
+# same gradient (narrow blocks; elsewhere it is three_kernel), three_kernel the chain with
+# separate weight-gradient kernels, fused the fused input-gradient kernel, chunked the
+# two_kernel chain over row chunks, and pipelined is chunked. Without a forced path each
+# direction times its candidates once per shape.
 PATHS = ("fused", "two_kernel", "three_kernel", "blas", "chunked", "pipelined")
 # The path whose launches run each kernel kind with the config given for it (tests, tune): the
 # one-block stage kernel writes block-major in three_kernel, the grouped one writes y in
@@ -70,10 +71,10 @@ _path_choice: dict[tuple, str] = {}  # (direction, shapes, strides, dtype, devic
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_BLOCKS = 65535  # grid axis 1 carries the block index
 MAX_ELEMENTS = 2**31 - 1  # row/feature offsets are computed in int32 before widening
-L2_SHARE = 4  # the chunked path's scratch: a quarter of the L2 cache for each intermediate
+CACHE_SHARE = 4  # the chunked path's scratch: a quarter of the shared cache (_cache_bytes) each
 MAX_CHUNKS = 16  # and at most this many chunks (three launches each)
 # rounds of work items between a row tile's stages in the pipelined forward; None: as many as
-# the programs take at once, within half the L2 cache (_pipeline_lag)
+# the programs take at once, within half the shared cache (_pipeline_lag)
 PIPELINE_LAG: int | None = None
 _KEYS = {
     # the strides that say which side is permuted: stage 1 and stage 2 have the same sizes in
@@ -310,8 +311,8 @@ def monarch_forward(
     """``(B, n) -> (B, s*l)``; with ``keep``, ``(y, h)``, h the feature-major intermediate
     (k*q, B) for the backward. ``path``: one of PATHS, or None (chosen here); ``keep`` never
     takes the fused path, which holds no whole intermediate. ``chunk_rows``: the chunked
-    path's rows per chunk (by default from the L2 cache's size). A call like one seen before
-    repeats its launches from a plan (``replay.py``)."""
+    path's rows per chunk (by default from the shared cache's size). A call like one seen
+    before repeats its launches from a plan (``replay.py``)."""
 
     def launcher():
         return _forward(x2, w1, w2, path, configs, num_programs, keep, chunk_rows)
@@ -415,8 +416,8 @@ def _pipelined(x2, w1, w2, y, strides, nprog: int, config) -> None:
 def _pipeline_lag(nprog: int, per_round: int, slot_bytes: int, device: torch.device) -> int:
     """Rounds between a tile's stages: as many as ``nprog`` programs hold at once, so that an
     item's inputs were taken that many tickets earlier and are usually done; fewer where the
-    ring of ``2*lag + 2`` slots would take more than half the L2 cache."""
-    fits = (_l2_bytes(device) // 2 // slot_bytes - 2) // 2
+    ring of ``2*lag + 2`` slots would take more than half the shared cache (_cache_bytes)."""
+    fits = (_cache_bytes(device) // 2 // slot_bytes - 2) // 2
     return max(1, min(_cdiv(nprog, per_round), fits))
 
 
@@ -441,20 +442,30 @@ def _fastest(launch, configs: list) -> triton.Config:
     return min(times, key=times.get)
 
 
-def _l2_bytes(device: torch.device) -> int:
-    """The L2 cache's size; a small stand-in under the interpreter, so that test sizes come
-    in several chunks."""
+# AMD Instinct MI300X/MI300A/MI325X (gfx942) and MI350X/MI355X (gfx950): each die's L2 (4 MB) is
+# its own, and programs are spread over the dies, so what one program writes and another reads
+# meets in the 256 MB Infinity Cache that all dies share (AMD's specification tables)
+_SHARED_CACHE_BYTES = {"gfx942": 256 * 2**20, "gfx950": 256 * 2**20}
+
+
+def _cache_bytes(device: torch.device) -> int:
+    """The size of the last cache every program of a launch shares: the L2 on NVIDIA, the
+    Infinity Cache on AMD Instinct; a small stand-in under the interpreter, so that test
+    sizes come in several chunks."""
     if device.type != "cuda":
         return 16 * 1024
-    return torch.cuda.get_device_properties(device).L2_cache_size
+    props = torch.cuda.get_device_properties(device)
+    arch = getattr(props, "gcnArchName", "").split(":")[0]  # e.g. "gfx942:sramecc+:xnack-"
+    return _SHARED_CACHE_BYTES.get(arch, props.L2_cache_size)
 
 
 def _chunk_rows(B: int, row_bytes: int, device: torch.device) -> int:
     """Rows per chunk of the chunked path: as many as keep each intermediate's chunk within
-    ``1/L2_SHARE`` of the L2 cache (a multiple of 128 rows, which row tiles divide, or of 16
-    for small chunks), but no more than ``MAX_CHUNKS`` chunks. Multiples of 16 rows start
-    every chunk 16-byte aligned in the feature-major intermediate."""
-    fit = _l2_bytes(device) // L2_SHARE // row_bytes
+    ``1/CACHE_SHARE`` of the shared cache (``_cache_bytes``), in a multiple of 128 rows, which
+    row tiles divide (of 16 for small chunks), but no more than ``MAX_CHUNKS`` chunks.
+    Multiples of 16 rows start every chunk 16-byte aligned in the feature-major
+    intermediate."""
+    fit = _cache_bytes(device) // CACHE_SHARE // row_bytes
     fit = fit // 128 * 128 if fit >= 256 else max(16, fit // 16 * 16)
     return max(fit, _cdiv(_cdiv(B, MAX_CHUNKS), 16) * 16)
 
@@ -464,9 +475,10 @@ def _three_kernel_forward(x2, w1, w2, y, rows, keep, configs) -> torch.Tensor | 
     several: ``chunked``), into ``y``; returns the whole intermediate with ``keep``.
 
     Stage 1 writes the feature-major intermediate, stage 2 a block-major ``yb[b, j*s + a]``
-    (coalesced along a), and a row transpose moves that into y. Each chunk's intermediates are written by one kernel and read by the next while still in
-    the L2 cache, and the scratch they live in is reused by the next chunk, so their lines
-    are overwritten there rather than written back: memory sees x read and y written (and,
+    (coalesced along a), and a row transpose moves that into y. Each chunk's intermediates
+    are written by one kernel and read by the next while still in the shared cache, and the
+    scratch they live in is reused by the next chunk, so their lines are overwritten there
+    rather than written back: memory sees x read and y written (and,
     with ``keep``, h written), where the unchunked chain moves every intermediate both ways.
     """
     k, q, p = w1.shape
