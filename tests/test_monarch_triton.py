@@ -97,13 +97,13 @@ def _compile(kernel, constexprs: dict, options: dict, target, dtype: str):
 def test_every_config_compiles_for_its_gpus(config_set):
     """Ahead-of-time compilation to cubin / hsaco, no GPU needed: every config of the set, in
     bfloat16 (and the first in float16 and float32), within the chip's shared memory."""
+    from monarch_kernels.pipeline_kernel import _monarch_pipeline_kernel
     from monarch_kernels.triton_kernels import (
         _block_group_kernel,
         _block_matmul_kernel,
         _block_stage_wgrad_kernel,
         _block_wgrad_kernel,
         _monarch_fused_kernel,
-        _monarch_pipeline_kernel,
     )
 
     kernels = {

@@ -18,6 +18,7 @@ import triton
 
 from . import blas, direct, replay
 from .configs import get_configs
+from .pipeline_kernel import _monarch_pipeline_kernel, _zero_kernel
 from .reference import monarch_shapes
 from .triton_kernels import (
     _batch_last_kernel,
@@ -26,10 +27,8 @@ from .triton_kernels import (
     _block_stage_wgrad_kernel,
     _block_wgrad_kernel,
     _monarch_fused_kernel,
-    _monarch_pipeline_kernel,
     _sum_splits_kernel,
     _transpose_rows_kernel,
-    _zero_kernel,
 )
 
 try:  # what a kernel that does not build or launch raises (ptxas's errors too, on Triton 3.2+)
