@@ -34,7 +34,9 @@ from monarch_kernels.tune import _ms
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", default="4096:64:16384")
+    parser.add_argument("--no-pipelined", action="store_true", help="leave its rows out")
     args = parser.parse_args()
+    paths = [p for p in triton_launch.PATHS if not (args.no_pipelined and p == "pipelined")]
     n, blocks, B = (int(v) for v in args.case.split(":"))
     bs = n // blocks
     k = l = blocks
@@ -96,7 +98,7 @@ def main() -> None:
     ycopy = torch.empty_like(y)
     add("copy y", lambda: ycopy.copy_(y))
     dy = torch.randn_like(y)
-    for path in triton_launch.PATHS:
+    for path in paths:
         add(f"op forward, {path}", lambda p=path: triton_launch.monarch_forward(x, w1, w2, path=p))
         add(
             f"op backward, {path}",
@@ -113,7 +115,7 @@ def main() -> None:
     # the pipelined forward by rounds between a tile's stages (its ring holds 2*lag + 2 tiles;
     # the config is tuned once, at the first lag; None: the launcher's own)
     default_lag = triton_launch.PIPELINE_LAG
-    for lag in (None, 1, 2, 4, 8, 16, 32):
+    for lag in (None, 1, 2, 4, 8, 16, 32) if "pipelined" in paths else ():
         triton_launch.PIPELINE_LAG = lag
         add(
             f"op forward, pipelined, lag {lag or 'chosen'}",
@@ -140,7 +142,7 @@ def main() -> None:
     print(f"|{'-' * (width + 2)}|----|------|")
     for name, ms, gbs in rows:
         print(f"| {name.ljust(width)} | {ms:.4f} | {gbs:.0f} |")
-    host_costs(w1, w2)
+    host_costs(w1, w2, paths)
     xg = x.detach().requires_grad_()
     ws = [w.detach().requires_grad_() for w in (w1, w2)]
     for _ in range(3):
@@ -192,7 +194,7 @@ def host_us(fn, calls: int = 300) -> float:
     return 1e6 * issued / calls
 
 
-def host_costs(w1: torch.Tensor, w2: torch.Tensor, batch: int = 256) -> None:
+def host_costs(w1: torch.Tensor, w2: torch.Tensor, paths, batch: int = 256) -> None:
     """The host's share: per-call microseconds of each path and of the pieces under it."""
     n = w1.shape[0] * w1.shape[2]
     l, s, _r = w2.shape
@@ -217,7 +219,7 @@ def host_costs(w1: torch.Tensor, w2: torch.Tensor, batch: int = 256) -> None:
             xg, *ws
         )[0].backward(dy),
     }
-    for path in triton_launch.PATHS:
+    for path in paths:
         calls[f"launcher forward, {path}"] = lambda p=path: triton_launch.monarch_forward(
             x, w1, w2, path=p
         )

@@ -33,3 +33,11 @@ def test_bench_refuses_zero_calls():
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 2 and "--calls must be at least 1" in proc.stderr
+
+
+def test_bench_refuses_an_unknown_path():
+    proc = subprocess.run(
+        [sys.executable, "-m", "monarch_kernels.bench", "--paths", "blas,fastest"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "--paths: unknown fastest" in proc.stderr

@@ -99,7 +99,10 @@ def _probes(device: torch.device, dtype: torch.dtype) -> tuple[dict, dict]:
     return calls, work
 
 
-def _methods(n: int, blocks: int, device, dtype, use_compile: bool):
+FORCED_PATHS = ("fused", "two_kernel", "three_kernel", "blas", "chunked", "pipelined")
+
+
+def _methods(n: int, blocks: int, device, dtype, use_compile: bool, paths=FORCED_PATHS):
     bs = n // blocks
     w1 = torch.randn(blocks, bs, bs, device=device, dtype=dtype) / bs**0.5
     w2 = torch.randn(blocks, bs, bs, device=device, dtype=dtype) / bs**0.5
@@ -116,7 +119,7 @@ def _methods(n: int, blocks: int, device, dtype, use_compile: bool):
     fns = {name: (group, fn, contextlib.nullcontext) for name, (group, fn) in fns.items()}
     if device.type == "cuda":
         # each of the op's paths forced (forward and backward), to see what the op chose from
-        for path in ("fused", "two_kernel", "three_kernel", "blas", "chunked", "pipelined"):
+        for path in paths:
             fns[f"op, {path} path"] = (
                 "fused",
                 lambda x: monarch_matmul(x, w1, w2),
@@ -138,7 +141,7 @@ def _forced_path(path: str):
             os.environ[PATH_ENV_VAR] = old
 
 
-def run_case(n, blocks, batch, dtype, device, use_compile, min_time, calls=1):
+def run_case(n, blocks, batch, dtype, device, use_compile, min_time, calls=1, paths=FORCED_PATHS):
     """Rows of the table for one (n, blocks, batch, dtype)."""
     elt = torch.empty((), dtype=dtype).element_size()
     flops = 2 * batch * 2 * n * (n // blocks)  # two stages of block-diagonal products
@@ -147,7 +150,7 @@ def run_case(n, blocks, batch, dtype, device, use_compile, min_time, calls=1):
     flop = {"fwd": flops, "f+b": 3 * flops}
     x = torch.randn(batch, n, device=device, dtype=dtype)
     dy = torch.randn(batch, n, device=device, dtype=dtype)
-    fns, params = _methods(n, blocks, device, dtype, use_compile)
+    fns, params = _methods(n, blocks, device, dtype, use_compile, paths)
     fns_by_key = {}
     failed = {}  # name -> the error's first line: a row that says so, not a lost table
     for name, (group, fn, ctx) in fns.items():
@@ -267,7 +270,16 @@ def main(argv: list[str] | None = None) -> None:
         help="calls back to back per timed round: 1 times each call's latency (launch work "
         "included), more lets the host run ahead as in training (default 10 on a GPU, 1 on CPU)",
     )
+    parser.add_argument(
+        "--paths",
+        default=",".join(FORCED_PATHS),
+        help="comma-separated paths of the op to force, a row each (GPU; empty for none)",
+    )
     args = parser.parse_args(argv)
+    paths = [p for p in args.paths.split(",") if p]
+    unknown = sorted(set(paths) - set(FORCED_PATHS))
+    if unknown:
+        parser.error(f"--paths: unknown {', '.join(unknown)}; choose from {FORCED_PATHS}")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -295,7 +307,9 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for dtype in dtypes:
         for n, blocks, batch in cases:
-            rows += run_case(n, blocks, batch, dtype, device, not args.no_compile, min_time, calls)
+            rows += run_case(
+                n, blocks, batch, dtype, device, not args.no_compile, min_time, calls, paths
+            )
     print()
     print(format_table(rows))
     if gpu:
