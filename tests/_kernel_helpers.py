@@ -141,6 +141,9 @@ def _check_splits(config_set: str) -> int:
         want = monarch_reference(x, w1, w2)
         ctx = f"{config_set} pipelined shape {shape}"
         _close("y", _pipelined_in_ten_tiles(x, w1, w2, config_set), want, ctx)
+        y, h = _pipelined_in_ten_tiles(x, w1, w2, config_set, keep=True)
+        _close("y", y, want, f"{ctx}, intermediate kept")
+        _close("h", h, monarch_forward(x, w1, w2, path="two_kernel", keep=True)[1], ctx)
         for path in ("two_kernel", "three_kernel", "blas", "chunked"):
             ctx = f"{config_set} {path} shape {shape}"
             # chunked: 128 and 22 rows, 3 splits each (two, one of them with rows)
@@ -153,10 +156,11 @@ def _check_splits(config_set: str) -> int:
     return count
 
 
-def _pipelined_in_ten_tiles(x, w1, w2, config_set: str):
+def _pipelined_in_ten_tiles(x, w1, w2, config_set: str, keep: bool = False):
     """The pipelined forward with 16-row tiles (150 rows: ten, the last partial) and one round
     between stages, so that its four scratch slots are each reused: a stage-1 item waits for
-    the transposes of the tile four before it. Three programs share the work."""
+    the transposes of the tile four before it. Three programs share the work. With ``keep``,
+    ``(y, h)``."""
     import triton
     from monarch_kernels import triton_launch
 
@@ -165,7 +169,7 @@ def _pipelined_in_ten_tiles(x, w1, w2, config_set: str):
     lag, triton_launch.PIPELINE_LAG = triton_launch.PIPELINE_LAG, 1
     try:
         return triton_launch.monarch_forward(
-            x, w1, w2, path="pipelined", configs={"pipeline": cfg}, num_programs=3
+            x, w1, w2, path="pipelined", configs={"pipeline": cfg}, num_programs=3, keep=keep
         )
     finally:
         triton_launch.PIPELINE_LAG = lag

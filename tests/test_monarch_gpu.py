@@ -164,7 +164,7 @@ def test_pipelined_forward_hands_tiles_between_programs(monkeypatch, lag, progra
     """The one-launch forward with its ring of scratch slots reused many times (4096 rows in
     64-row tiles), by few programs and by more than the GPU holds at once: matches the
     reference, and gives the same bits run after run (a tile read before its producer's
-    stores were visible would not)."""
+    stores were visible would not), the intermediate kept or not."""
     monkeypatch.setattr(triton_launch, "PIPELINE_LAG", lag)
     shape = (4096, 64, 64, 64, 64, 64)
     x, w1, w2, _dy = _inputs(shape, torch.float64, 9)
@@ -177,6 +177,14 @@ def test_pipelined_forward_hands_tiles_between_programs(monkeypatch, lag, progra
         assert _rel(y, want) < TOL[torch.bfloat16], _rel(y, want)
         first = y if first is None else first
         assert torch.equal(y, first)
+    # with the intermediate kept for the backward: stage 1 writes all of it
+    y, h = triton_launch.monarch_forward(
+        xs, w1s, w2s, path="pipelined", num_programs=programs, keep=True
+    )
+    assert _rel(y, want) < TOL[torch.bfloat16], _rel(y, want)
+    B, k, p = shape[:3]
+    h_want = torch.einsum("bkp,kqp->kqb", x.view(B, k, p), w1).reshape(-1, B)
+    assert _rel(h, h_want) < TOL[torch.bfloat16], _rel(h, h_want)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -212,7 +220,7 @@ def test_launch_plans_match_the_launchers(monkeypatch, path, replays):
 
     monkeypatch.setattr(triton_launch, "_cache_bytes", lambda device: 4 * 2**20)
     x, w1, w2, dy = _cast(_inputs(SHAPES[0], torch.float64, 7), torch.bfloat16)
-    keep = path not in ("fused", "pipelined")
+    keep = path != "fused"
 
     def step(x, dy):
         out = triton_launch.monarch_forward(x, w1, w2, path=path, keep=keep)

@@ -43,6 +43,17 @@ def _signal(counter_ptr):
 
 
 @triton.jit
+def _h_tile(h_ptr, t, B, RING, K1, O1, BLOCK_M: tl.constexpr, KEEP: tl.constexpr):
+    """Where row tile t's intermediate lies, feature-major: (its first element, the leading
+    dimension). A ring slot of BLOCK_M rows; with KEEP, the tile's rows of the whole
+    ``(K1*O1, B)`` intermediate, which the caller keeps for the backward."""
+    if KEEP:
+        return h_ptr + (t * BLOCK_M).to(tl.int64), B
+    else:
+        return h_ptr + (t % RING).to(tl.int64) * (K1 * O1 * BLOCK_M), BLOCK_M
+
+
+@triton.jit
 def _monarch_pipeline_kernel(
     x_ptr,
     w1_ptr,
@@ -79,9 +90,12 @@ def _monarch_pipeline_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_O: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    KEEP: tl.constexpr = False,
 ):
     """The whole forward in one launch, one pass over memory: each row tile's intermediates
-    go through a ring of L2-sized scratch slots, handed between programs by counters.
+    go through a ring of L2-sized scratch slots, handed between programs by counters (with
+    KEEP, the stage-1 intermediate goes to the whole ``(K1*O1, B)`` buffer at ``h_ptr``
+    instead, for the backward; it is read back while still in the cache).
 
     Work comes in items, taken in order from a ticket counter by persistent programs. Round m
     holds the stage-1 items of row tile m (``K1/J1``, J1 blocks each, into the tile's slot of
@@ -114,7 +128,7 @@ def _monarch_pipeline_kernel(
                     _wait_for(sync_ptr + 3 + 3 * (t - RING), PARTS)
                 rows = t * BLOCK_M + loc
                 mask_m = rows < B
-                h_slot = h_ptr + (t % RING).to(tl.int64) * (K1 * O1 * BLOCK_M)
+                h_tile, ld = _h_tile(h_ptr, t, B, RING, K1, O1, BLOCK_M, KEEP)
                 for jj in range(0, J1):
                     blk = item * J1 + jj
                     for o0 in range(0, O1, BLOCK_O):
@@ -126,8 +140,8 @@ def _monarch_pipeline_kernel(
                         )  # fmt: skip
                         offs_o = o0 + tl.arange(0, BLOCK_O)
                         _store_tile(
-                            h_slot + blk * O1 * BLOCK_M, acc, loc, offs_o, mask_m,
-                            offs_o < O1, 1, BLOCK_M, True,
+                            h_tile + blk * O1 * ld, acc, loc, offs_o, mask_m,
+                            offs_o < O1, 1, ld, True,
                         )  # fmt: skip
                 _signal(sync_ptr + 1 + 3 * t)
         elif item < groups1 + groups2:  # stage 2, blocks (item - groups1)*J2 .. of tile t
@@ -135,15 +149,15 @@ def _monarch_pipeline_kernel(
             if (t >= 0) & (t < tiles):
                 _wait_for(sync_ptr + 1 + 3 * t, groups1)
                 mask_m = t * BLOCK_M + loc < B
-                h_slot = h_ptr + (t % RING).to(tl.int64) * (K1 * O1 * BLOCK_M)
+                h_tile, ld = _h_tile(h_ptr, t, B, RING, K1, O1, BLOCK_M, KEEP)
                 yb_slot = yb_ptr + (t % RING).to(tl.int64) * (BLOCK_M * L * S)
                 for jj in range(0, J2):
                     blk = (item - groups1) * J2 + jj
                     for o0 in range(0, S, BLOCK_O):
                         # element rr of block j is the intermediate's rr*L + j
                         acc = _tile_matmul(
-                            h_slot, w2_ptr, loc, mask_m, blk, o0, C2, S,
-                            1, BLOCK_M, L * BLOCK_M,
+                            h_tile, w2_ptr, loc, mask_m, blk, o0, C2, S,
+                            1, ld, L * ld,
                             stride_w2_blk, stride_w2_o, stride_w2_c,
                             BLOCK_M, BLOCK_O, BLOCK_C,
                         )  # fmt: skip

@@ -328,7 +328,7 @@ def _forward(x2, w1, w2, path, configs, num_programs, keep, chunk_rows):
     k, q, p, l, s, r = _shapes(x2, w1, w2)
     configs = configs or {}
     path = _path(path)
-    if path is None or (keep and path in ("fused", "pipelined")):
+    if path is None or (keep and path == "fused"):
         path = _choose_forward_path(x2, w1, w2, l)
     B = x2.shape[0]
     y = x2.new_empty(B, s * l)
@@ -353,8 +353,8 @@ def _forward(x2, w1, w2, path, configs, num_programs, keep, chunk_rows):
         return y
     if path == "pipelined":
         nprog = num_programs or 4 * _sm_count(x2.device)
-        _pipelined(x2, w1, w2, y, (sx, sw1, sw2), nprog, configs.get("pipeline"))
-        return y
+        h = _pipelined(x2, w1, w2, y, (sx, sw1, sw2), nprog, configs.get("pipeline"), keep)
+        return (y, h) if keep else y
     if path in ("three_kernel", "chunked"):
         rows = B
         if path == "chunked":
@@ -371,14 +371,16 @@ def _forward(x2, w1, w2, path, configs, num_programs, keep, chunk_rows):
     return (y, h) if keep else y
 
 
-def _pipelined(x2, w1, w2, y, strides, nprog: int, config) -> None:
+def _pipelined(x2, w1, w2, y, strides, nprog: int, config, keep: bool) -> torch.Tensor | None:
     """The forward in one launch of at most ``nprog`` persistent programs (and one to zero its
     counters), with ``config`` or the fastest of the backend's configs, timed here on first
     use of a shape (Triton's autotuner would rerun the launch without zeroing them; inside a
-    CUDA-graph capture, where nothing can be timed, the first config)."""
+    CUDA-graph capture, where nothing can be timed, the first config). With ``keep``, returns
+    the whole feature-major intermediate (k*q, B), which stage 1 then writes."""
     k, q, p = w1.shape
     l, s, r = w2.shape
     B = x2.shape[0]
+    kept = x2.new_empty(k * q, B) if keep else None
 
     def launch(cfg: triton.Config) -> None:
         bm = cfg.kwargs["BLOCK_M"]
@@ -390,7 +392,7 @@ def _pipelined(x2, w1, w2, y, strides, nprog: int, config) -> None:
         slot_bytes = bm * (k * q + l * s) * x2.element_size()
         lag = PIPELINE_LAG or _pipeline_lag(nprog, per_round, slot_bytes, x2.device)
         ring = min(2 * lag + 2, tiles)  # > 2*lag, or every tile a slot of its own
-        h = x2.new_empty(ring * k * q * bm)
+        h = x2.new_empty(ring * k * q * bm) if kept is None else kept
         yb = x2.new_empty(ring * bm * l * s)
         sync = torch.empty(1 + 3 * tiles, dtype=torch.int32, device=x2.device)
         _run(_zero_kernel, (_cdiv(sync.numel(), 1024),), (sync, sync.numel()), BLOCK=1024)
@@ -400,16 +402,18 @@ def _pipelined(x2, w1, w2, y, strides, nprog: int, config) -> None:
         args = (x2, w1, w2, y, h, yb, sync, B, k, q, p, r, *strides[0], *strides[1])
         args += (*strides[2], y.stride(0), lag, ring)
         const = dict(L=l, S=s, J1=j1, J2=j2, PARTS=parts, BLOCK_P=bp, BLOCK_Q=bq, BLOCK_T=bt)
+        const["KEEP"] = keep
         _launch("pipeline", lambda meta: grid, args, cfg, **const)
 
     if config is None:
-        key = ("pipeline", *_signature(x2, w1, w2))
+        key = ("pipeline", keep, *_signature(x2, w1, w2))
         untimed = interpreting() or torch.cuda.is_current_stream_capturing()
         config = _tuned.get(key) or (get_configs("pipeline")[0] if untimed else None)
         if config is None:
             replay.spoil()  # the timing launches are not the call's
             config = _tuned[key] = _fastest(launch, get_configs("pipeline"))
     launch(config)
+    return kept
 
 
 def _pipeline_lag(nprog: int, per_round: int, slot_bytes: int, device: torch.device) -> int:
@@ -758,7 +762,7 @@ def _backward(dy2, x2, w1, w2, path, configs, num_programs, splits, h, chunk_row
         h = None  # not the forward's feature-major intermediate: recompute it
     path = _path(path) or _choose_backward_path(dy2, x2, w1, w2, h)
     if path == "pipelined":
-        path = "chunked"  # its backward: the pipelined forward keeps no intermediate
+        path = "chunked"  # its backward: the Triton chain over chunks of rows
     configs = configs or {}
     # the weight gradients fold into the stages where a tile holds a whole block
     fitting = _stage_wgrad_configs(configs.get("stage_wgrad"), (r, s), (p, q))
