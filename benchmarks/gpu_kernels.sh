@@ -43,7 +43,7 @@ else
   TUNE_KINDS=(--kinds group,stage,fused,wgrad,stage_wgrad)
 fi
 grep -E "^\||check" "$OUT/pipelined_check.log"
-if t=$(limit "${TEST_TIMEOUT:-240}"); then
+if t=$(limit "${TEST_TIMEOUT:-300}"); then
   timeout "$t" $PY -m pytest -q -p no:cacheprovider --noconftest -n ${TEST_WORKERS:-8} \
     ${SKIP_TESTS[@]+"${SKIP_TESTS[@]}"} tests/test_monarch_gpu.py >"$OUT/gpu_tests.log" 2>&1
   echo "gpu tests exit $? after ${SECONDS}s"

@@ -481,8 +481,8 @@ def _three_kernel_forward(x2, w1, w2, y, rows, keep, configs) -> torch.Tensor | 
     (coalesced along a), and a row transpose moves that into y. Each chunk's intermediates
     are written by one kernel and read by the next while still in the shared cache, and the
     scratch they live in is reused by the next chunk, so their lines are overwritten there
-    rather than written back: memory sees x read and y written (and,
-    with ``keep``, h written), where the unchunked chain moves every intermediate both ways.
+    rather than written back: memory sees x read and y written (and, with ``keep``, h
+    written), where the unchunked chain moves every intermediate both ways.
     """
     k, q, p = w1.shape
     l, s, r = w2.shape
