@@ -352,7 +352,9 @@ def _forward(x2, w1, w2, path, configs, num_programs, keep, chunk_rows):
         _fused(x2, w1, w2, y, scratch, sizes, slot_rows, strides, nprog, False, fused_cfg)
         return y
     if path == "pipelined":
-        nprog = num_programs or 4 * _sm_count(x2.device)
+        # as many programs as fit at once: its configs compile to about 250 registers a
+        # thread at 4 warps (sm_90 cubin), two programs an SM, as the stage kernels do
+        nprog = num_programs or 2 * _sm_count(x2.device)
         h = _pipelined(x2, w1, w2, y, (sx, sw1, sw2), nprog, configs.get("pipeline"), keep)
         return (y, h) if keep else y
     if path in ("three_kernel", "chunked"):
