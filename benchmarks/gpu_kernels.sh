@@ -59,7 +59,7 @@ if t=$(limit "${LAUNCH_TIMEOUT:-60}"); then
   echo "launch host done after ${SECONDS}s"
 fi
 for case in ${PROBE_CASES-4096:64:16384}; do
-  t=$(limit "${PROBE_TIMEOUT:-90}") || break
+  t=$(limit "${PROBE_TIMEOUT:-150}") || break
   timeout "$t" $PY benchmarks/gpu_stage_probe.py --case "$case" ${PROBE_FLAGS[@]+"${PROBE_FLAGS[@]}"} 2>&1 \
     | grep -v -i warn | tee -a "$OUT/probe.log" | grep -E "^\||failed"
   echo "probe $case done after ${SECONDS}s"

@@ -122,7 +122,7 @@ def main() -> None:
             lambda: triton_launch.monarch_forward(x, w1, w2, path="pipelined"),
         )
     triton_launch.PIPELINE_LAG = default_lag
-    # the chunked path by chunk size: where the intermediates stop fitting in the L2 cache
+    # the chunked path by chunk size: where the intermediates stop fitting in the cache
     default = triton_launch._chunk_rows(B, n * x.element_size(), dev)
     for rows in sorted({512, 1024, 2048, 4096, default}):
         add(
@@ -133,6 +133,16 @@ def main() -> None:
             f"op backward, chunked, {rows} rows a chunk, h kept",
             lambda c=rows: triton_launch.monarch_backward(
                 dy, x, w1, w2, path="chunked", h=hk, chunk_rows=c
+            ),
+            traffic=5 * act,
+        )
+    # its backward by weight-gradient splits a chunk: each split writes a float32 partial of
+    # both weights, so more splits fill the GPU but move more
+    for splits in (1, 2, 4, 8):
+        add(
+            f"op backward, chunked, {default} rows a chunk, {splits} splits each, h kept",
+            lambda sp=splits: triton_launch.monarch_backward(
+                dy, x, w1, w2, path="chunked", h=hk, splits=sp
             ),
             traffic=5 * act,
         )
