@@ -354,6 +354,28 @@ def test_the_shared_cache_is_the_l2_on_nvidia_and_the_infinity_cache_on_instinct
     assert triton_launch._cache_bytes(gpu) == 6 * 2**20  # a Radeon: its L2 as reported
 
 
+def test_pipelined_items_and_lag(monkeypatch):
+    """The pipelined forward's work items hold about 512 outputs of blocks that divide the
+    block count, and its stages lie as many rounds apart as the programs hold, within half
+    the shared cache for the ring of 2*lag + 2 slots."""
+    import torch
+    from monarch_kernels import triton_launch
+
+    items = triton_launch._blocks_per_item
+    assert [items(64, 64), items(16, 128), items(6, 64), items(5, 100), items(4, 1024)] == [
+        8, 4, 2, 1, 1,
+    ]  # fmt: skip
+    gpu, mib = torch.device("cuda"), 2**20
+    monkeypatch.setattr(triton_launch, "_cache_bytes", lambda device: 50 * mib)  # H200
+    # 264 programs (two on each of 132 SMs) take 14 rounds of 20 items; 1 MiB slots: 24 fit
+    assert triton_launch._pipeline_lag(264, 20, mib, gpu) == 11
+    assert triton_launch._pipeline_lag(40, 20, mib, gpu) == 2
+    monkeypatch.setattr(triton_launch, "_cache_bytes", lambda device: 256 * mib)  # MI300X
+    assert triton_launch._pipeline_lag(608, 20, mib, gpu) == 31
+    monkeypatch.setattr(triton_launch, "_cache_bytes", lambda device: 4 * mib)
+    assert triton_launch._pipeline_lag(608, 20, mib, gpu) == 1  # never less than one round
+
+
 def test_chunks_fit_a_share_of_the_l2_cache_and_are_few(monkeypatch):
     """The chunked path's rows per chunk: each intermediate's chunk within a quarter of the
     L2 cache, in multiples of 128 rows (16 for small ones), and at most 16 chunks."""
