@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 
 def test_bench_prints_every_method_with_ratios_to_dense():
     proc = subprocess.run(
@@ -27,17 +29,16 @@ def test_bench_prints_every_method_with_ratios_to_dense():
     assert all(r.split("|")[10].strip() == "1.00x" for r in dense)
 
 
-def test_bench_refuses_zero_calls():
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--calls", "0"], "--calls must be at least 1"),
+        (["--paths", "blas,fastest"], "--paths: unknown fastest"),
+    ],
+)
+def test_bench_refuses_bad_arguments(args, message):
     proc = subprocess.run(
-        [sys.executable, "-m", "monarch_kernels.bench", "--calls", "0"],
+        [sys.executable, "-m", "monarch_kernels.bench", *args],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert proc.returncode == 2 and "--calls must be at least 1" in proc.stderr
-
-
-def test_bench_refuses_an_unknown_path():
-    proc = subprocess.run(
-        [sys.executable, "-m", "monarch_kernels.bench", "--paths", "blas,fastest"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert proc.returncode == 2 and "--paths: unknown fastest" in proc.stderr
+    assert proc.returncode == 2 and message in proc.stderr
