@@ -360,7 +360,7 @@ def _forward(x2, w1, w2, path, configs, num_programs, keep, chunk_rows):
     if path in ("three_kernel", "chunked"):
         rows = B
         if path == "chunked":
-            rows = chunk_rows or _chunk_rows(B, max(k * q, l * s) * x2.element_size(), x2.device)
+            rows = chunk_rows or _default_chunk_rows(x2, w1, w2)
         h = _three_kernel_forward(x2, w1, w2, y, max(1, rows), keep, configs)
     elif path == "blas":
         ht, yt = blas.forward_stages(x2, w1, w2)
@@ -527,9 +527,14 @@ def _choose_forward_path(x2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, l
 
 def _chunked_pays(x2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> bool:
     """Whether the chunked path would make more than one chunk (else it is three_kernel)."""
+    return x2.shape[0] > _default_chunk_rows(x2, w1, w2)
+
+
+def _default_chunk_rows(x2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> int:
+    """The chunked path's rows per chunk for these operands: sized by the wider of the two
+    intermediates' rows."""
     (k, q, _p), (l, s, _r) = w1.shape, w2.shape
-    row_bytes = max(k * q, l * s) * x2.element_size()
-    return x2.shape[0] > _chunk_rows(x2.shape[0], row_bytes, x2.device)
+    return _chunk_rows(x2.shape[0], max(k * q, l * s) * x2.element_size(), x2.device)
 
 
 def _choose_backward_path(dy2, x2, w1, w2, h) -> str:
@@ -771,8 +776,7 @@ def _backward(dy2, x2, w1, w2, path, configs, num_programs, splits, h, chunk_row
     fuse = path in ("two_kernel", "chunked") and bool(fitting)
     rows = B
     if path == "chunked":
-        rows = chunk_rows or _chunk_rows(B, max(k * q, l * s) * x2.element_size(), x2.device)
-        rows = min(rows, B)
+        rows = min(chunk_rows or _default_chunk_rows(x2, w1, w2), B)
     if splits is None:
         # Enough programs for about eight per SM (each reduction is a long, latency-bound
         # loop), but at least 256 rows of reduction each (in each chunk).
