@@ -142,3 +142,34 @@ def test_kernels_move_bfloat16_in_vectors(monkeypatch, target, nblocks):
         assert not scalar, (kernel.__name__, constexprs, sorted(set(scalar)))
         compiled += 1
     assert compiled >= 6  # stage, group, transposes, stage_wgrad, wgrad, batch-last
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_pipelined_kernel_acquires_once_a_wait(target):
+    """The pipelined forward's programs poll their counters with relaxed loads and acquire
+    once a wait (three waits: stage 2, the transposes, a slot's reuse), and take tickets
+    relaxed: an acquire invalidates caches (``buffer_inv`` on gfx942), so acquiring on every
+    poll or ticket would throw away what the other programs on the compute unit read."""
+    from monarch_kernels import triton_launch
+    from monarch_kernels.pipeline_kernel import _monarch_pipeline_kernel as kernel
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    backend, arch, warp = TARGETS[target]
+    constexprs = dict(BLOCK_M=64, BLOCK_O=64, BLOCK_C=64, L=64, S=64, J1=8, J2=8, PARTS=4)
+    constexprs.update(BLOCK_P=64, BLOCK_Q=64, BLOCK_T=2, KEEP=False)
+    signature = {
+        n: "constexpr" if n in constexprs else "*i32" if n == "sync_ptr" else "*bf16"
+        if n.endswith("_ptr") else "i32"
+        for n in kernel.arg_names
+    }  # fmt: skip
+    src = ASTSource(kernel, signature, constexprs)
+    options = {"num_warps": 4, **triton_launch._OPTIONS}
+    binary = triton.compile(src, target=GPUTarget(backend, arch, warp), options=options)
+    if backend == "cuda":
+        ptx = binary.asm["ptx"]
+        acquires = len(re.findall(r"\.(?:acquire|acq_rel)\b", ptx))
+        assert re.search(r"ld\.global\.gpu\.relaxed", ptx)  # the polls
+    else:
+        acquires = binary.asm["amdgcn"].count("buffer_inv")
+    assert 1 <= acquires <= 3, acquires

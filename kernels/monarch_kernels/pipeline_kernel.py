@@ -6,7 +6,8 @@ Programs coordinate through counters in global memory: an atomic ticket hands ou
 in order, and per-tile counters say when a tile's stage is done. Triton compiles a scalar
 atomic to one thread's operation whose result reaches the others through shared memory
 between barriers, which is the usual semaphore pattern (on sm_90: ``bar.sync``, one
-thread's ``red.release.gpu``; one thread's ``ld.acquire.gpu`` polling, then ``bar.sync``).
+thread's ``red.release.gpu``; one thread's ``ld.relaxed.gpu`` polling, one
+``ld.acquire.gpu``, then ``bar.sync``).
 """
 
 from __future__ import annotations
@@ -26,12 +27,20 @@ def _zero_kernel(ptr, N, BLOCK: tl.constexpr):
 
 @triton.jit
 def _wait_for(counter_ptr, target):
-    """Spin until ``*counter_ptr >= target``. Triton has one thread of the program poll with
-    acquire loads and hands the value to the others through shared memory and a barrier, so
-    what the counter's producers wrote before their release is visible to every thread."""
-    seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    """Spin until ``*counter_ptr >= target``, then acquire: what the counter's producers wrote
+    before their release is then visible to every thread of the program (Triton has one
+    thread make each atomic and hands the value to the others through shared memory and a
+    barrier).
+
+    The polls are relaxed and the acquire comes once, after them: an acquire invalidates the
+    compute unit's caches (on gfx942 a ``buffer_inv sc1`` each time), which a poll per
+    microsecond from every waiting program would do for nothing. The acquire is an atomic
+    read-modify-write, so it reads the newest count and synchronises with every release
+    before it."""
+    seen = tl.atomic_add(counter_ptr, 0, sem="relaxed", scope="gpu")
     while seen < target:
-        seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+        seen = tl.atomic_add(counter_ptr, 0, sem="relaxed", scope="gpu")
+    tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
 
 
 @triton.jit
@@ -117,7 +126,9 @@ def _monarch_pipeline_kernel(
     per_round = groups1 + groups2 + PARTS
     total = (tiles + 2 * LAG) * per_round
     loc = tl.arange(0, BLOCK_M).to(tl.int64)
-    ticket = tl.atomic_add(sync_ptr, 1)
+    # the ticket only hands out work (relaxed: no cache invalidation per item); what an item
+    # reads is ordered by the per-tile counters' release and acquire
+    ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
     while ticket < total:
         rnd = ticket // per_round
         item = ticket - rnd * per_round
@@ -185,4 +196,4 @@ def _monarch_pipeline_kernel(
                             tile = tl.load(yb_slot + m3 * (L * S) + u3 * S + v3, mask=mask)
                             tl.store(y_ptr + rows3 * stride_y_m + v3 * L + u3, tile, mask=mask)
                 _signal(sync_ptr + 3 + 3 * t)
-        ticket = tl.atomic_add(sync_ptr, 1)
+        ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed", scope="gpu")
