@@ -492,3 +492,17 @@ def test_register_table_reads_compiled_code():
         assert target.strip() in ("sm_90", "gfx942")
         assert 16 <= int(regs) <= 512 and int(spilled) >= 0 and float(shared) > 0
         assert int(by_regs) >= 1 and int(by_shared) >= 1
+
+
+def test_pipelined_check_runs_under_interpreter():
+    """``benchmarks/pipelined_check.py``, which a GPU run starts with (a failure there leaves
+    the pipelined path out of the rest), checks its calls on the CPU under the interpreter."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root / "kernels")}
+    proc = subprocess.run(
+        [sys.executable, str(root / "benchmarks/pipelined_check.py"), "--case", "48:4:150"],
+        capture_output=True, text=True, timeout=240, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "pipelined check passed" in proc.stdout
+    assert proc.stdout.count("rel. error") == 5
