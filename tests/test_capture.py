@@ -37,11 +37,14 @@ def _interrupt(ident: int) -> None:
     )
 
 
-def test_writes_interrupted_at_any_bytecode_arrive_once_and_in_order():
-    pieces = _pieces()
+def _flood_under_interrupts(pieces: list[str]):
+    """Write ``pieces`` to an Outbox from a thread that the main thread interrupts as fast as it
+    can. Returns ``(outbox, attempted, returned, interrupts)``: the indices of the pieces
+    handed to write() in order, those whose write() came back normally, and how many
+    interrupts were sent."""
     outbox = Outbox(lambda urgent: None)
-    attempted: list[int] = []  # indices of pieces handed to write(), in order
-    returned: set[int] = set()  # those whose write() came back normally
+    attempted: list[int] = []
+    returned: set[int] = set()
     # plain flags, not threading.Event: an interrupt inside an Event's own lock handling would
     # break the Event, not the capture
     state = {"ready": False, "done": False, "quiet": False}
@@ -70,26 +73,49 @@ def test_writes_interrupted_at_any_bytecode_arrive_once_and_in_order():
             except KeyboardInterrupt:
                 continue
 
+    # Python checks for a pending interrupt at loop back-edges and calls, and the back-edge of
+    # the cell's outer loop lies outside its try: an interrupt landing there ends the thread
+    # (this harness's loop, not the capture). The writes before it still count; the flood
+    # stops, and the thread's end is not reported as an error.
+    default_hook = threading.excepthook
+
+    def hook(args) -> None:
+        if args.thread is thread and issubclass(args.exc_type, KeyboardInterrupt):
+            state["done"] = True
+        else:
+            default_hook(args)
+
     old = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)  # interleave the threads as finely as the interpreter allows
     # no collection while interrupts fly: a finaliser of earlier tests' garbage would run on
     # the writing thread and take the interrupt meant for the capture
     gc.collect()
     gc.disable()
+    threading.excepthook = hook
     try:
         thread = threading.Thread(target=cell)
         thread.start()
         while not state["ready"]:
             time.sleep(0.001)
         interrupts = 0
-        while not state["done"]:
+        while not state["done"] and thread.is_alive():
             _interrupt(thread.ident)
             interrupts += 1
         state["quiet"] = True
         thread.join()
     finally:
+        threading.excepthook = default_hook
         gc.enable()
         sys.setswitchinterval(old)
+    return outbox, attempted, returned, interrupts
+
+
+def test_writes_interrupted_at_any_bytecode_arrive_once_and_in_order():
+    pieces = _pieces()
+    for _ in range(3):  # again if the harness's own loop took an interrupt early
+        outbox, attempted, returned, interrupts = _flood_under_interrupts(pieces)
+        if interrupts > 100:
+            break
     assert interrupts > 100 and len(returned) < len(pieces)  # the interrupts did land
 
     # The text received is the attempted pieces in order, each at most once, with every piece
