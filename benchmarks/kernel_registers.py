@@ -50,8 +50,6 @@ def compile_config(kind: str, cfg: triton.Config, target: str):
     kernel, extra = KERNELS[kind]
     backend, arch, warp, _set = TARGETS[target]
     constexprs = {**cfg.kwargs, **extra}
-    if kind == "pipeline":
-        constexprs["PARTS"] = max(1, cfg.kwargs["BLOCK_M"] // 16)
     options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "enable_fp_fusion": True}
     for name in ("waves_per_eu", "matrix_instr_nonkdim"):
         if name in constexprs:
@@ -127,6 +125,8 @@ def main() -> None:
                 )
                 if cfg.kwargs.get("DENSE"):
                     shape += " dense"
+                if "PARTS" in cfg.kwargs:
+                    shape += f" parts{cfg.kwargs['PARTS']}"
                 shape += f" w{cfg.num_warps} s{cfg.num_stages}"
                 if "waves_per_eu" in cfg.kwargs:
                     shape += f" wpe{cfg.kwargs['waves_per_eu']}"

@@ -133,8 +133,7 @@ def test_every_config_compiles_for_its_gpus(config_set):
                 if kind == "group":
                     constexprs["stride_out_o"] = 64  # y's block count, a compile-time constant
                 if kind == "pipeline":  # as its launcher sets them at width 4096, 64 blocks
-                    parts = constexprs["BLOCK_M"] // 16
-                    constexprs.update(L=64, S=64, J1=8, J2=8, PARTS=parts, BLOCK_T=2)
+                    constexprs.update(L=64, S=64, J1=8, J2=8, BLOCK_T=2)
                     constexprs.update(BLOCK_P=64, BLOCK_Q=64)
                 options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
                 for opt in ("waves_per_eu", "matrix_instr_nonkdim"):

@@ -16,7 +16,8 @@ features of a block) and ``BLOCK_C`` (the reduction):
   blocks (``_block_stage_wgrad_kernel``): ``BLOCK_O`` and ``BLOCK_C`` must cover a whole block
   (the launcher prunes those that do not), and the block's weights stay resident;
 * ``"pipeline"`` — the forward in one launch through a ring of L2 scratch slots
-  (``_monarch_pipeline_kernel``); ``BLOCK_M`` is a row tile, the unit handed between stages.
+  (``_monarch_pipeline_kernel``); ``BLOCK_M`` is a row tile, the unit handed between stages,
+  and ``PARTS`` the transpose items a tile's rows are cut into.
 
 Override with ``MONARCH_KERNELS_CONFIGS``: ``cuda`` or ``hip`` forces a backend's set, or give
 configs explicitly, ``;``-separated, e.g.
@@ -87,6 +88,19 @@ def _group(shapes, dense: bool = False, **options) -> list[triton.Config]:
         )
         for j, m, o, c, w, s in shapes
     ]
+
+
+def _with_parts(cfgs: list[triton.Config]) -> list[triton.Config]:
+    """The pipelined kernel's configs with ``PARTS``, its transpose items per row tile: items
+    of 16 rows, and for the first config also of 4 rows. A transpose item moves its rows one
+    small tile at a time, each load waited for, so shorter items let more programs write y
+    at once, for a ticket each."""
+
+    def parts(cfg: triton.Config, rows: int) -> triton.Config:
+        kwargs = {**cfg.kwargs, "PARTS": max(1, cfg.kwargs["BLOCK_M"] // rows)}
+        return triton.Config(kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+    return [parts(c, 16) for c in cfgs] + [parts(cfgs[0], 4)]
 
 
 def _cuda_configs(kind: str = "stage") -> list[triton.Config]:
@@ -160,6 +174,7 @@ def _cuda_configs(kind: str = "stage") -> list[triton.Config]:
         triton.Config({"BLOCK_M": m, "BLOCK_O": o, "BLOCK_C": c}, num_warps=w, num_stages=s)
         for m, o, c, w, s in shapes
     ]
+    cfgs = _with_parts(cfgs) if kind == "pipeline" else cfgs
     return [c for c in cfgs if _fits(c, _SMEM_BYTES["cuda"], resident=kind == "stage_wgrad")]
 
 
@@ -227,6 +242,7 @@ def _hip_configs(kind: str = "stage", arch: str | None = None) -> list[triton.Co
         )
         for m, o, c, w, s, wpe in shapes
     ]
+    cfgs = _with_parts(cfgs) if kind == "pipeline" else cfgs
     smem = _SMEM_BYTES["gfx950" if big else "gfx942"]
     return [c for c in cfgs if _fits(c, smem, resident=kind == "stage_wgrad")]
 

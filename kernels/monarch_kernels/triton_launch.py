@@ -387,9 +387,10 @@ def _pipelined(x2, w1, w2, y, strides, nprog: int, config, keep: bool) -> torch.
     def launch(cfg: triton.Config) -> None:
         bm = cfg.kwargs["BLOCK_M"]
         tiles = _cdiv(B, bm)
-        # items of about 512 outputs; transposes of 16 rows, in tiles as _transpose_rows's
+        # stage items of about 512 outputs; transpose items of 16 rows unless the config says
+        # (PARTS a tile), moving tiles as _transpose_rows does
         j1, j2 = _blocks_per_item(k, q), _blocks_per_item(l, s)
-        parts = max(1, bm // 16)
+        parts = cfg.kwargs.get("PARTS") or max(1, bm // 16)
         per_round = k // j1 + l // j2 + parts
         slot_bytes = bm * (k * q + l * s) * x2.element_size()
         lag = PIPELINE_LAG or _pipeline_lag(nprog, per_round, slot_bytes, x2.device)
@@ -403,8 +404,9 @@ def _pipelined(x2, w1, w2, y, strides, nprog: int, config, keep: bool) -> torch.
         grid = (max(1, min(nprog, (tiles + 2 * lag) * per_round)),)
         args = (x2, w1, w2, y, h, yb, sync, B, k, q, p, r, *strides[0], *strides[1])
         args += (*strides[2], y.stride(0), lag, ring)
-        const = dict(L=l, S=s, J1=j1, J2=j2, PARTS=parts, BLOCK_P=bp, BLOCK_Q=bq, BLOCK_T=bt)
-        const["KEEP"] = keep
+        const = dict(L=l, S=s, J1=j1, J2=j2, BLOCK_P=bp, BLOCK_Q=bq, BLOCK_T=bt, KEEP=keep)
+        if "PARTS" not in cfg.kwargs:  # an explicit config may leave it out
+            const["PARTS"] = parts
         _launch("pipeline", lambda meta: grid, args, cfg, **const)
 
     if config is None:

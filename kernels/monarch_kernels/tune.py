@@ -39,7 +39,8 @@ def _fmt(cfg: triton.Config) -> str:
     kw = {k: v for k, v in cfg.kwargs.items() if k.startswith("BLOCK_")}
     dims = "/".join(f"{k[6:]}{v}" for k, v in kw.items())
     dense = " dense" if cfg.kwargs.get("DENSE") else ""
-    return f"{dims}{dense} w{cfg.num_warps} s{cfg.num_stages}"
+    parts = f" parts{cfg.kwargs['PARTS']}" if "PARTS" in cfg.kwargs else ""
+    return f"{dims}{dense}{parts} w{cfg.num_warps} s{cfg.num_stages}"
 
 
 def main(argv: list[str] | None = None) -> None:
