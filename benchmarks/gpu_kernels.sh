@@ -44,7 +44,7 @@ else
 fi
 grep -E "^\||check" "$OUT/pipelined_check.log"
 if t=$(limit "${TEST_TIMEOUT:-300}"); then
-  timeout "$t" $PY -m pytest -q -p no:cacheprovider --noconftest -n ${TEST_WORKERS:-8} \
+  timeout "$t" $PY -m pytest -q -p no:cacheprovider -n ${TEST_WORKERS:-8} \
     ${SKIP_TESTS[@]+"${SKIP_TESTS[@]}"} tests/test_monarch_gpu.py >"$OUT/gpu_tests.log" 2>&1
   echo "gpu tests exit $? after ${SECONDS}s"
   grep -E "passed|failed|error|Error" "$OUT/gpu_tests.log" | grep -v -i warn | tail -15

@@ -4,7 +4,7 @@
 
 Skipped where there is no GPU (CI). On a GPU machine:
 
-    PYTHONPATH=kernels python -m pytest -p no:cacheprovider --noconftest tests/test_monarch_gpu.py
+    PYTHONPATH=kernels:tests python -m pytest -p no:cacheprovider tests/test_monarch_gpu.py
 
 Each check draws fresh random inputs, fills the allocator's cached blocks with NaN first (so
 an element a kernel never wrote cannot pass), and compares by relative Frobenius error.
