@@ -32,7 +32,7 @@ $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton
 # The pipelined forward first, alone, briefly: its programs wait on one another, so a fault
 # there would hang a step rather than fail it. Unless it passes, the later steps leave it out.
 SKIP_TESTS=() BENCH_PATHS=() PROBE_FLAGS=() TUNE_KINDS=()
-if t=$(limit "${CHECK_TIMEOUT:-90}") && timeout "$t" $PY benchmarks/pipelined_check.py \
+if t=$(limit "${CHECK_TIMEOUT:-120}") && timeout "$t" $PY benchmarks/pipelined_check.py \
   >"$OUT/pipelined_check.log" 2>&1; then
   echo "pipelined check passed after ${SECONDS}s"
 else

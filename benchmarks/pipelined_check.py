@@ -4,11 +4,12 @@
 
 Its programs wait on one another through counters, so a fault there would hang rather than
 fail; ``benchmarks/gpu_kernels.sh`` runs this under a short timeout before anything else and
-leaves the pipelined path out of the later steps unless it passes. Prints, for a few launch
-sizes and lags, the error against the float64 reference and the time next to the
-``three_kernel`` and ``chunked`` forwards (``triton.testing.do_bench`` medians); exits 1 if
-any result is off. Without a GPU, under ``TRITON_INTERPRET=1``, it checks the same calls on
-the CPU in float32 and times nothing.
+leaves the pipelined path out of the later steps unless it passes. So that it stays short,
+it compiles one config (the backend's first; the benchmark and probe tune them all). Prints,
+for a few launch sizes and lags, with and without the kept intermediate, the error against
+the float64 reference and the time (``triton.testing.do_bench`` medians); exits 1 if any
+result is off. Without a GPU, under ``TRITON_INTERPRET=1``, it checks the same calls on the
+CPU in float32 and times nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 
 import torch
 from monarch_kernels import monarch_reference, triton_launch
+from monarch_kernels.configs import get_configs
 from monarch_kernels.tune import _ms
 
 
@@ -41,24 +43,27 @@ def main() -> int:
     print(f"{name}; n={n} blocks={blocks} batch={B} {str(dtype)[6:]}")
     ok = True
     rows = []
-    runs = [("pipelined", lag, nprog) for lag, nprog in ((1, sms), (None, None), (None, 8 * sms))]
-    runs += [("three_kernel", None, None), ("chunked", None, None)]
-    for path, lag, nprog in runs:
+    first = {"pipeline": get_configs("pipeline")[0]}
+    runs = [(1, sms, False), (None, None, False), (None, 8 * sms, False), (None, None, True)]
+    for lag, nprog, keep in runs:
 
-        def call(path=path, lag=lag, nprog=nprog):
+        def call(lag=lag, nprog=nprog, keep=keep):
             triton_launch.PIPELINE_LAG = lag
-            return triton_launch.monarch_forward(xs, w1s, w2s, path=path, num_programs=nprog)
+            return triton_launch.monarch_forward(
+                xs, w1s, w2s, path="pipelined", configs=first, num_programs=nprog, keep=keep
+            )
 
-        y = call()
+        y = call()[0] if keep else call()
         err = ((y.double() - want).norm() / want.norm()).item()
         ok &= bool(torch.isfinite(y).all()) and err < tol
         ms = _ms(call) if gpu else float("nan")
-        if path == "pipelined":
-            path += f", lag {lag or 'chosen'}, {nprog or 'default'} programs"
-        rows.append((path, ms, err))
+        kept = ", h kept" if keep else ""
+        rows.append(
+            (f"pipelined, lag {lag or 'chosen'}, {nprog or 'default'} programs{kept}", ms, err)
+        )
     triton_launch.PIPELINE_LAG = None
     for what, ms, err in rows:
-        print(f"| {what:45} | {ms:.4f} ms | rel. error {err:.2e} |")
+        print(f"| {what:50} | {ms:.4f} ms | rel. error {err:.2e} |")
     print("pipelined check", "passed" if ok else "FAILED")
     return 0 if ok else 1
 

@@ -504,4 +504,4 @@ def test_pipelined_check_runs_under_interpreter():
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "pipelined check passed" in proc.stdout
-    assert proc.stdout.count("rel. error") == 5
+    assert proc.stdout.count("rel. error") == 4
