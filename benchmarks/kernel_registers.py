@@ -1,10 +1,10 @@
 """Registers, spills and shared memory of every kernel config, read from compiled code: no GPU.
 
-    PYTHONPATH=kernels python benchmarks/kernel_registers.py [--targets sm_90,gfx942] [--kinds ...]
+    PYTHONPATH=kernels:tests python benchmarks/kernel_registers.py [--targets sm_90,gfx942] [--kinds ...]
 
 Each config of a target's set (the CUDA set for sm_90, the HIP sets for gfx942 and gfx950) is
 compiled ahead of time as the launchers specialise it at width 4096 with 64 blocks, in
-bfloat16. For each: registers a thread (on AMD, vector registers a lane, the accumulation
+bfloat16 (``tests/_aot.py``). For each: registers a thread (on AMD, vector registers a lane, the accumulation
 registers included), bytes a thread (lane) spills to memory, shared memory (LDS on AMD) a program, and
 how many programs one SM (CU) holds by registers and by shared memory: a memory-bound kernel
 hides latency with the programs it holds. The NVIDIA figures come from ``cuobjdump`` on the
@@ -20,10 +20,8 @@ import subprocess
 import tempfile
 
 import triton
-from monarch_kernels import configs, triton_kernels
-from monarch_kernels.pipeline_kernel import _monarch_pipeline_kernel
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from _aot import LAUNCH_CONSTANTS, compile_config
+from monarch_kernels import configs
 
 TARGETS = {  # name: (backend, arch, warp size, config set)
     "sm_90": ("cuda", 90, 32, "cuda"),
@@ -33,41 +31,6 @@ TARGETS = {  # name: (backend, arch, warp size, config set)
 # per SM / CU: registers (NVIDIA: 32-bit registers; AMD: a SIMD's 512 vector registers a lane,
 # four SIMDs a CU), shared memory / LDS bytes
 SM = {"sm_90": (65536, 228 * 1024), "gfx942": (512, 64 * 1024), "gfx950": (512, 160 * 1024)}
-KERNELS = {
-    "stage": (triton_kernels._block_matmul_kernel, {"TRANS_OUT": True}),
-    "group": (triton_kernels._block_group_kernel, {"stride_out_o": 64}),
-    "fused": (triton_kernels._monarch_fused_kernel, {"FULL_SCRATCH": False}),
-    "wgrad": (triton_kernels._block_wgrad_kernel, {}),
-    "stage_wgrad": (triton_kernels._block_stage_wgrad_kernel, {"TRANS_OUT": True}),
-    "pipeline": (
-        _monarch_pipeline_kernel,
-        {"L": 64, "S": 64, "J1": 8, "J2": 8, "BLOCK_P": 64, "BLOCK_Q": 64, "BLOCK_T": 2},
-    ),
-}
-
-
-def compile_config(kind: str, cfg: triton.Config, target: str):
-    kernel, extra = KERNELS[kind]
-    backend, arch, warp, _set = TARGETS[target]
-    constexprs = {**cfg.kwargs, **extra}
-    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "enable_fp_fusion": True}
-    for name in ("waves_per_eu", "matrix_instr_nonkdim"):
-        if name in constexprs:
-            options[name] = constexprs.pop(name)
-    types = {"partial_ptr": "*fp32", "sync_ptr": "*i32"}
-    signature = {
-        name: "constexpr"
-        if name in constexprs
-        else types.get(name, "*bf16" if name.endswith("_ptr") else "i32")
-        for name in kernel.arg_names
-    }
-    aligned = {
-        (i,): [["tt.divisibility", 16]]
-        for i, n in enumerate(kernel.arg_names)
-        if n.endswith("_ptr")
-    }
-    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned)
-    return triton.compile(src, target=GPUTarget(backend, arch, warp), options=options)
 
 
 def usage(binary, target: str, warps: int) -> tuple[int, int, int, int, int]:
@@ -102,7 +65,7 @@ def usage(binary, target: str, warps: int) -> tuple[int, int, int, int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--targets", default="sm_90,gfx942")
-    parser.add_argument("--kinds", default=",".join(KERNELS))
+    parser.add_argument("--kinds", default=",".join(LAUNCH_CONSTANTS))
     args = parser.parse_args()
     print("registers and shared memory from compiled code (width 4096, 64 blocks, bfloat16)\n")
     print(
@@ -131,7 +94,7 @@ def main() -> None:
                 if "waves_per_eu" in cfg.kwargs:
                     shape += f" wpe{cfg.kwargs['waves_per_eu']}"
                 regs, spill, shared, by_regs, by_shared = usage(
-                    compile_config(kind, cfg, target), target, cfg.num_warps
+                    compile_config(kind, cfg, TARGETS[target][:3]), target, cfg.num_warps
                 )
                 print(
                     f"| {kind} | {shape} | {target} | {regs} | {spill} | {shared / 1024:.0f} | {by_regs} | {by_shared} |"

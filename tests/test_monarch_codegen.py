@@ -150,22 +150,12 @@ def test_pipelined_kernel_acquires_once_a_wait(target):
     once a wait (three waits: stage 2, the transposes, a slot's reuse), and take tickets
     relaxed: an acquire invalidates caches (``buffer_inv`` on gfx942), so acquiring on every
     poll or ticket would throw away what the other programs on the compute unit read."""
-    from monarch_kernels import triton_launch
-    from monarch_kernels.pipeline_kernel import _monarch_pipeline_kernel as kernel
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from _aot import compile_config
+    from monarch_kernels.configs import _cuda_configs
 
-    backend, arch, warp = TARGETS[target]
-    constexprs = dict(BLOCK_M=64, BLOCK_O=64, BLOCK_C=64, L=64, S=64, J1=8, J2=8, PARTS=4)
-    constexprs.update(BLOCK_P=64, BLOCK_Q=64, BLOCK_T=2, KEEP=False)
-    signature = {
-        n: "constexpr" if n in constexprs else "*i32" if n == "sync_ptr" else "*bf16"
-        if n.endswith("_ptr") else "i32"
-        for n in kernel.arg_names
-    }  # fmt: skip
-    src = ASTSource(kernel, signature, constexprs)
-    options = {"num_warps": 4, **triton_launch._OPTIONS}
-    binary = triton.compile(src, target=GPUTarget(backend, arch, warp), options=options)
+    backend = TARGETS[target][0]
+    cfg = _cuda_configs("pipeline")[0]  # a 64 x 64 x 64 tile, 4 transpose items a tile
+    binary = compile_config("pipeline", cfg, TARGETS[target])
     if backend == "cuda":
         ptx = binary.asm["ptx"]
         acquires = len(re.findall(r"\.(?:acquire|acq_rel)\b", ptx))

@@ -70,81 +70,27 @@ TARGETS = {
 }
 
 
-def _compile(kernel, constexprs: dict, options: dict, target, dtype: str):
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    signature = {}
-    for name in kernel.arg_names:
-        if name in constexprs:
-            signature[name] = "constexpr"
-        elif name == "partial_ptr":
-            signature[name] = "*fp32"
-        elif name == "sync_ptr":
-            signature[name] = "*i32"
-        elif name.endswith("_ptr"):
-            signature[name] = f"*{dtype}"
-        else:
-            signature[name] = "i32"
-    from monarch_kernels.triton_launch import _OPTIONS
-
-    # pointers 16-byte aligned, as Triton's JIT specialises the tensors the launchers allocate
-    aligned = {
-        (i,): [["tt.divisibility", 16]]
-        for i, n in enumerate(kernel.arg_names)
-        if n.endswith("_ptr")
-    }
-    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned)
-    # the options every launch passes, as the launchers pass them
-    return triton.compile(src, target=GPUTarget(*target), options={**_OPTIONS, **options})
-
-
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="needs compiled kernels")
 @pytest.mark.parametrize("config_set", ["cuda", "hip-gfx942", "hip-gfx950"])
 def test_every_config_compiles_for_its_gpus(config_set):
     """Ahead-of-time compilation to cubin / hsaco, no GPU needed: every config of the set, in
     bfloat16 (and the first in float16 and float32), within the chip's shared memory."""
-    from monarch_kernels.pipeline_kernel import _monarch_pipeline_kernel
-    from monarch_kernels.triton_kernels import (
-        _block_group_kernel,
-        _block_matmul_kernel,
-        _block_stage_wgrad_kernel,
-        _block_wgrad_kernel,
-        _monarch_fused_kernel,
-    )
+    from _aot import LAUNCH_CONSTANTS, compile_config
 
-    kernels = {
-        "stage": _block_matmul_kernel,
-        "group": _block_group_kernel,
-        "fused": _monarch_fused_kernel,
-        "wgrad": _block_wgrad_kernel,
-        "stage_wgrad": _block_stage_wgrad_kernel,
-        "pipeline": _monarch_pipeline_kernel,
-    }
     compiled = 0
     for backend, arch, warp, smem_limit in TARGETS[config_set]:
-        for kind, kernel in kernels.items():
+        for kind in LAUNCH_CONSTANTS:
             cfgs = _configs(config_set, kind)
             variants = [(c, "bf16") for c in cfgs] + [(cfgs[0], "fp16"), (cfgs[0], "fp32")]
             for cfg, dtype in variants:
                 if arch == 80 and dtype == "bf16" and cfg is not cfgs[0]:
                     continue  # sm_80 shares sm_90's configs; one of them is enough
-                constexprs = dict(cfg.kwargs)
-                if kind == "group":
-                    constexprs["stride_out_o"] = 64  # y's block count, a compile-time constant
-                if kind == "pipeline":  # as its launcher sets them at width 4096, 64 blocks
-                    constexprs.update(L=64, S=64, J1=8, J2=8, BLOCK_T=2)
-                    constexprs.update(BLOCK_P=64, BLOCK_Q=64)
-                options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-                for opt in ("waves_per_eu", "matrix_instr_nonkdim"):
-                    if opt in constexprs:
-                        options[opt] = constexprs.pop(opt)
                 flag = {"fused": "FULL_SCRATCH", "stage": "TRANS_OUT", "stage_wgrad": "TRANS_OUT"}
                 flag = flag.get(kind)
                 for value in (False, True) if flag else (None,):
-                    if flag:
-                        constexprs[flag] = value
-                    binary = _compile(kernel, constexprs, options, (backend, arch, warp), dtype)
+                    flags = {flag: value} if flag else {}
+                    target = (backend, arch, warp)
+                    binary = compile_config(kind, cfg, target, dtype, **flags)
                     assert ("cubin" if backend == "cuda" else "hsaco") in binary.asm
                     assert binary.metadata.shared <= smem_limit, (kind, cfg, binary.metadata.shared)
                     if backend == "hip":  # no vector registers spilled to scratch memory
@@ -159,6 +105,7 @@ def test_every_config_compiles_for_its_gpus(config_set):
 def test_permutation_kernels_compile_for_its_gpus(config_set):
     """The kernels with block sizes fixed by their launchers: the two data-movement kernels
     (both directions) and the split-partial sum."""
+    from _aot import compile_ahead
     from monarch_kernels.triton_kernels import (
         _batch_last_kernel,
         _sum_splits_kernel,
@@ -169,15 +116,19 @@ def test_permutation_kernels_compile_for_its_gpus(config_set):
         for dtype in ("bf16", "fp32"):
             for to_flat in (False, True):
                 consts = {"TO_FLAT": to_flat, "BLOCK_M": 64, "BLOCK_O": 64}
-                binary = _compile(_batch_last_kernel, consts, {}, (backend, arch, warp), dtype)
+                binary = compile_ahead(_batch_last_kernel, consts, {}, (backend, arch, warp), dtype)
                 assert ("cubin" if backend == "cuda" else "hsaco") in binary.asm
             for p, q in ((64, 64), (1024, 4), (5, 3)):  # (s, l) at 64 and 4 blocks, odd sizes
                 bp, bq = min(64, triton.next_power_of_2(p)), min(64, triton.next_power_of_2(q))
                 consts = {"P": p, "Q": q, "BLOCK_M": max(1, 8192 // (bp * bq))}
                 consts.update(BLOCK_P=bp, BLOCK_Q=bq)
-                binary = _compile(_transpose_rows_kernel, consts, {}, (backend, arch, warp), dtype)
+                binary = compile_ahead(
+                    _transpose_rows_kernel, consts, {}, (backend, arch, warp), dtype
+                )
                 assert ("cubin" if backend == "cuda" else "hsaco") in binary.asm
-            binary = _compile(_sum_splits_kernel, {"BLOCK": 1024}, {}, (backend, arch, warp), dtype)
+            binary = compile_ahead(
+                _sum_splits_kernel, {"BLOCK": 1024}, {}, (backend, arch, warp), dtype
+            )
             assert ("cubin" if backend == "cuda" else "hsaco") in binary.asm
 
 
@@ -476,7 +427,7 @@ def test_register_table_reads_compiled_code():
     """``benchmarks/kernel_registers.py``: a row per config with the registers, spills and
     shared memory its compiled code declares, on both vendors."""
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root / "kernels")}
+    env = {**os.environ, "PYTHONPATH": f"{root / 'kernels'}{os.pathsep}{root / 'tests'}"}
     proc = subprocess.run(
         [sys.executable, str(root / "benchmarks/kernel_registers.py"),
          "--targets", "sm_90,gfx942", "--kinds", "wgrad"],
