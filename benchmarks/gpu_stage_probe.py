@@ -27,7 +27,14 @@ import pstats
 import time
 
 import torch
-from monarch_kernels import blas, monarch_matmul, triton_launch
+from monarch_kernels import (
+    backward_launch,
+    blas,
+    forward_launch,
+    monarch_matmul,
+    pipeline_launch,
+    triton_launch,
+)
 from monarch_kernels.tune import _ms
 
 
@@ -99,39 +106,39 @@ def main() -> None:
     add("copy y", lambda: ycopy.copy_(y))
     dy = torch.randn_like(y)
     for path in paths:
-        add(f"op forward, {path}", lambda p=path: triton_launch.monarch_forward(x, w1, w2, path=p))
+        add(f"op forward, {path}", lambda p=path: forward_launch.monarch_forward(x, w1, w2, path=p))
         add(
             f"op backward, {path}",
-            lambda p=path: triton_launch.monarch_backward(dy, x, w1, w2, path=p),
+            lambda p=path: backward_launch.monarch_backward(dy, x, w1, w2, path=p),
             traffic=5 * act,
         )
     for path in ("two_kernel", "three_kernel", "blas", "chunked"):
-        _y, hk = triton_launch.monarch_forward(x, w1, w2, path="three_kernel", keep=True)
+        _y, hk = forward_launch.monarch_forward(x, w1, w2, path="three_kernel", keep=True)
         add(
             f"op backward, {path}, h kept",
-            lambda p=path, hk=hk: triton_launch.monarch_backward(dy, x, w1, w2, path=p, h=hk),
+            lambda p=path, hk=hk: backward_launch.monarch_backward(dy, x, w1, w2, path=p, h=hk),
             traffic=5 * act,
         )
     # the pipelined forward by rounds between a tile's stages (its ring holds 2*lag + 2 tiles;
     # the config is tuned once, at the first lag; None: the launcher's own)
-    default_lag = triton_launch.PIPELINE_LAG
+    default_lag = pipeline_launch.PIPELINE_LAG
     for lag in (None, 1, 2, 4, 8, 16, 32) if "pipelined" in paths else ():
-        triton_launch.PIPELINE_LAG = lag
+        pipeline_launch.PIPELINE_LAG = lag
         add(
             f"op forward, pipelined, lag {lag or 'chosen'}",
-            lambda: triton_launch.monarch_forward(x, w1, w2, path="pipelined"),
+            lambda: forward_launch.monarch_forward(x, w1, w2, path="pipelined"),
         )
-    triton_launch.PIPELINE_LAG = default_lag
+    pipeline_launch.PIPELINE_LAG = default_lag
     # the chunked path by chunk size: where the intermediates stop fitting in the cache
-    default = triton_launch._chunk_rows(B, n * x.element_size(), dev)
+    default = forward_launch._chunk_rows(B, n * x.element_size(), dev)
     for rows in sorted({512, 1024, 2048, 4096, default}):
         add(
             f"op forward, chunked, {rows} rows a chunk",
-            lambda c=rows: triton_launch.monarch_forward(x, w1, w2, path="chunked", chunk_rows=c),
+            lambda c=rows: forward_launch.monarch_forward(x, w1, w2, path="chunked", chunk_rows=c),
         )
         add(
             f"op backward, chunked, {rows} rows a chunk, h kept",
-            lambda c=rows: triton_launch.monarch_backward(
+            lambda c=rows: backward_launch.monarch_backward(
                 dy, x, w1, w2, path="chunked", h=hk, chunk_rows=c
             ),
             traffic=5 * act,
@@ -141,7 +148,7 @@ def main() -> None:
     for splits in (1, 2, 4, 8):
         add(
             f"op backward, chunked, {default} rows a chunk, {splits} splits each, h kept",
-            lambda sp=splits: triton_launch.monarch_backward(
+            lambda sp=splits: backward_launch.monarch_backward(
                 dy, x, w1, w2, path="chunked", h=hk, splits=sp
             ),
             traffic=5 * act,
@@ -230,10 +237,10 @@ def host_costs(w1: torch.Tensor, w2: torch.Tensor, paths, batch: int = 256) -> N
         )[0].backward(dy),
     }
     for path in paths:
-        calls[f"launcher forward, {path}"] = lambda p=path: triton_launch.monarch_forward(
+        calls[f"launcher forward, {path}"] = lambda p=path: forward_launch.monarch_forward(
             x, w1, w2, path=p
         )
-        calls[f"launcher backward, {path}"] = lambda p=path: triton_launch.monarch_backward(
+        calls[f"launcher backward, {path}"] = lambda p=path: backward_launch.monarch_backward(
             dy, x, w1, w2, path=p
         )
     print(f"\nhost microseconds per call, batch {batch} (the device keeps up)")

@@ -28,7 +28,15 @@ import contextlib
 import time
 
 import torch
-from monarch_kernels import direct, monarch_matmul, ops, replay, triton_launch
+from monarch_kernels import (
+    backward_launch,
+    direct,
+    forward_launch,
+    monarch_matmul,
+    ops,
+    replay,
+    triton_launch,
+)
 
 
 def _us(fn, calls: int, rounds: int = 5) -> list[float]:
@@ -82,18 +90,18 @@ def main() -> None:
         "one launch (row transpose)": lambda: triton_launch._transpose_rows(x, l, w),
     }
     for path in ("two_kernel", "three_kernel"):
-        calls[f"launcher forward, {path}"] = lambda p=path: triton_launch.monarch_forward(
+        calls[f"launcher forward, {path}"] = lambda p=path: forward_launch.monarch_forward(
             x, w1, w2, path=p
         )
-        calls[f"launcher backward, {path}"] = lambda p=path: triton_launch.monarch_backward(
+        calls[f"launcher backward, {path}"] = lambda p=path: backward_launch.monarch_backward(
             dy, x, w1, w2, path=p
         )
     # the chunked path at its most launches: 16 chunks (an L2 cache too small for more rows)
     for name, fn in (
-        ("launcher forward, chunked, 16 chunks", lambda: triton_launch.monarch_forward(
+        ("launcher forward, chunked, 16 chunks", lambda: forward_launch.monarch_forward(
             x, w1, w2, path="chunked"
         )),
-        ("launcher backward, chunked, 16 chunks", lambda: triton_launch.monarch_backward(
+        ("launcher backward, chunked, 16 chunks", lambda: backward_launch.monarch_backward(
             dy, x, w1, w2, path="chunked"
         )),
     ):  # fmt: skip

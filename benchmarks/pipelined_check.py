@@ -18,7 +18,7 @@ import argparse
 import sys
 
 import torch
-from monarch_kernels import monarch_reference, triton_launch
+from monarch_kernels import forward_launch, monarch_reference, pipeline_launch, triton_launch
 from monarch_kernels.configs import get_configs
 from monarch_kernels.tune import _ms
 
@@ -48,8 +48,8 @@ def main() -> int:
     for lag, nprog, keep in runs:
 
         def call(lag=lag, nprog=nprog, keep=keep):
-            triton_launch.PIPELINE_LAG = lag
-            return triton_launch.monarch_forward(
+            pipeline_launch.PIPELINE_LAG = lag
+            return forward_launch.monarch_forward(
                 xs, w1s, w2s, path="pipelined", configs=first, num_programs=nprog, keep=keep
             )
 
@@ -61,7 +61,7 @@ def main() -> int:
         rows.append(
             (f"pipelined, lag {lag or 'chosen'}, {nprog or 'default'} programs{kept}", ms, err)
         )
-    triton_launch.PIPELINE_LAG = None
+    pipeline_launch.PIPELINE_LAG = None
     for what, ms, err in rows:
         print(f"| {what:50} | {ms:.4f} ms | rel. error {err:.2e} |")
     print("pipelined check", "passed" if ok else "FAILED")

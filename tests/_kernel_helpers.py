@@ -56,10 +56,11 @@ def _close(name: str, got, want, context: str) -> None:
 def check(config_set: str, direction: str) -> int:
     """Every config of ``config_set`` on every shape and path; returns the number of checks."""
     import torch
-    from monarch_kernels import triton_launch
+    from monarch_kernels import backward_launch, triton_launch
+    from monarch_kernels.backward_launch import monarch_backward
+    from monarch_kernels.forward_launch import monarch_forward
     from monarch_kernels.ops import _torch_backward
     from monarch_kernels.reference import monarch_reference
-    from monarch_kernels.triton_launch import monarch_backward, monarch_forward
 
     count = 0
     for i, shape in enumerate(SHAPES):
@@ -98,7 +99,7 @@ def check(config_set: str, direction: str) -> int:
                 for name, a, b in zip(("dx", "dw1", "dw2"), got, grads, strict=True):
                     _close(name, a, b, f"{ctx} kept={kept is not None}")
                 # the weight gradients on the vendor GEMM too, as on CUDA
-                got = triton_launch._blas_backward(dy, x, w1, w2, kept, 2, None, True)
+                got = backward_launch._blas_backward(dy, x, w1, w2, kept, 2, None, True)
                 for name, a, b in zip(("dx", "dw1", "dw2"), got, grads, strict=True):
                     _close(name, a, b, f"{ctx} kept={kept is not None} vendor weight gradients")
         count += 1
@@ -128,9 +129,10 @@ def _check_splits(config_set: str) -> int:
     path that splits. The second shape's block counts and widths are powers of two, which the
     shapes above avoid."""
     import torch
+    from monarch_kernels.backward_launch import monarch_backward
+    from monarch_kernels.forward_launch import monarch_forward
     from monarch_kernels.ops import _torch_backward
     from monarch_kernels.reference import monarch_reference
-    from monarch_kernels.triton_launch import monarch_backward, monarch_forward
 
     count = 0
     for shape in ((150, 4, 8, 6, 3, 5), (150, 4, 8, 6, 2, 8)):
@@ -162,29 +164,39 @@ def _pipelined_in_ten_tiles(x, w1, w2, config_set: str, keep: bool = False):
     the transposes of the tile four before it. Three programs share the work. With ``keep``,
     ``(y, h)``."""
     import triton
-    from monarch_kernels import triton_launch
+    from monarch_kernels import forward_launch, pipeline_launch
 
     cfg = _configs(config_set, "pipeline")[0]
     cfg = triton.Config({**cfg.kwargs, "BLOCK_M": 16}, num_warps=cfg.num_warps)
-    lag, triton_launch.PIPELINE_LAG = triton_launch.PIPELINE_LAG, 1
+    lag, pipeline_launch.PIPELINE_LAG = pipeline_launch.PIPELINE_LAG, 1
     try:
-        return triton_launch.monarch_forward(
+        return forward_launch.monarch_forward(
             x, w1, w2, path="pipelined", configs={"pipeline": cfg}, num_programs=3, keep=keep
         )
     finally:
-        triton_launch.PIPELINE_LAG = lag
+        pipeline_launch.PIPELINE_LAG = lag
 
 
 def check_op() -> int:
     """The custom op and its autograd routed to the kernels (any batch dims, strided input)."""
     import torch
-    from monarch_kernels import monarch_matmul, monarch_reference, ops, triton_launch
+    from monarch_kernels import (
+        backward_launch,
+        forward_launch,
+        monarch_matmul,
+        monarch_reference,
+        ops,
+        triton_launch,
+    )
 
     launches = []
-    for name in ("monarch_forward", "monarch_backward"):
-        fn = getattr(triton_launch, name)
+    for module, name in (
+        (forward_launch, "monarch_forward"),
+        (backward_launch, "monarch_backward"),
+    ):
+        fn = getattr(module, name)
         setattr(
-            triton_launch,
+            module,
             name,
             lambda *a, _fn=fn, _n=name, **k: launches.append(_n) or _fn(*a, **k),
         )
@@ -217,7 +229,12 @@ def check_replay() -> int:
     """Launch plans (``replay.py``): calls after the second repeat the recorded launches on
     new tensors; every call's results must still be the reference's."""
     import torch
-    from monarch_kernels import monarch_reference, replay, triton_launch
+    from monarch_kernels import (
+        backward_launch,
+        forward_launch,
+        monarch_reference,
+        replay,
+    )
     from monarch_kernels.ops import _torch_backward
 
     replay.ENABLED = True  # off under the interpreter by default
@@ -235,9 +252,9 @@ def check_replay() -> int:
                     x = torch.cat([torch.zeros(B, 1), x], 1)[:, 1:]
                 dy = torch.randn(B, s * l, generator=torch.Generator().manual_seed(call))
                 ctx = f"replay path={path} shape {shape} call {call}"
-                y, h = triton_launch.monarch_forward(x, w1, w2, path=path, keep=True)
+                y, h = forward_launch.monarch_forward(x, w1, w2, path=path, keep=True)
                 _close("y", y, monarch_reference(x, w1, w2), ctx)
-                got = triton_launch.monarch_backward(dy, x, w1, w2, path=path, h=h)
+                got = backward_launch.monarch_backward(dy, x, w1, w2, path=path, h=h)
                 want = _torch_backward(dy, x, w1, w2)
                 for name, a, b in zip(("dx", "dw1", "dw2"), got, want, strict=True):
                     _close(name, a, b, ctx)
@@ -247,7 +264,7 @@ def check_replay() -> int:
         dy = torch.randn(s * l, B, generator=torch.Generator().manual_seed(i)).t()
         before = len(replays)
         for _ in range(3):
-            got = triton_launch.monarch_backward(dy, x, w1, w2, path="two_kernel")
+            got = backward_launch.monarch_backward(dy, x, w1, w2, path="two_kernel")
             want = _torch_backward(dy, x, w1, w2)
             for name, a, b in zip(("dx", "dw1", "dw2"), got, want, strict=True):
                 _close(name, a, b, f"unplanned backward, shape {shape}")

@@ -34,7 +34,7 @@ def _record_launches(monkeypatch, nblocks: int):
     """(kernel, args, kwargs) of every launch of the forward and backward on each path at
     width 4096, recorded from the real launchers (the kernels are not run)."""
     import torch
-    from monarch_kernels import triton_launch
+    from monarch_kernels import backward_launch, forward_launch, pipeline_launch, triton_launch
 
     launches = []
 
@@ -49,13 +49,13 @@ def _record_launches(monkeypatch, nblocks: int):
         launches.append((triton_launch._KERNELS[kind], args, {**const, "config": config}))
 
     monkeypatch.setattr(triton_launch, "_launch", launch)
-    for name in (
-        "_batch_last_kernel",
-        "_transpose_rows_kernel",
-        "_sum_splits_kernel",
-        "_zero_kernel",
+    for module, name in (
+        (triton_launch, "_batch_last_kernel"),
+        (triton_launch, "_transpose_rows_kernel"),
+        (backward_launch, "_sum_splits_kernel"),
+        (pipeline_launch, "_zero_kernel"),
     ):
-        monkeypatch.setattr(triton_launch, name, Recorder(getattr(triton_launch, name)))
+        monkeypatch.setattr(module, name, Recorder(getattr(module, name)))
     monkeypatch.setattr(triton_launch, "interpreting", lambda: True)  # CPU tensors pass checks
     monkeypatch.setattr(triton_launch, "_sm_count", lambda device: 132)  # an H200's split count
     monkeypatch.setattr(triton_launch, "_cache_bytes", lambda device: 50 * 2**20)  # and L2 chunks
@@ -65,9 +65,9 @@ def _record_launches(monkeypatch, nblocks: int):
     w1 = torch.empty(nblocks, width, width, dtype=torch.bfloat16)
     w2 = torch.empty(nblocks, width, width, dtype=torch.bfloat16)
     for path in ("two_kernel", "three_kernel", "blas", "chunked", "pipelined"):
-        _y, h = triton_launch.monarch_forward(x, w1, w2, path=path, keep=True)
-        triton_launch.monarch_backward(dy, x, w1, w2, path=path, h=h)
-    triton_launch.monarch_forward(x, w1, w2, path="pipelined")  # intermediate in its ring
+        _y, h = forward_launch.monarch_forward(x, w1, w2, path=path, keep=True)
+        backward_launch.monarch_backward(dy, x, w1, w2, path=path, h=h)
+    forward_launch.monarch_forward(x, w1, w2, path="pipelined")  # intermediate in its ring
     return launches
 
 
@@ -107,14 +107,17 @@ def _configs(backend: str, kind_kernel) -> list:
 @pytest.mark.parametrize("nblocks", [64, 4])
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_kernels_move_bfloat16_in_vectors(monkeypatch, target, nblocks):
-    from monarch_kernels import triton_launch
+    from monarch_kernels import backward_launch, pipeline_launch, triton_launch
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     backend, arch, warp = TARGETS[target]
     seen, compiled = set(), 0
     for kernel, args, kwargs in _record_launches(monkeypatch, nblocks):
-        if kernel in (triton_launch._sum_splits_kernel.kernel, triton_launch._zero_kernel.kernel):
+        if kernel in (
+            backward_launch._sum_splits_kernel.kernel,
+            pipeline_launch._zero_kernel.kernel,
+        ):
             continue  # its output splits at the first weight's size: any alignment; counters
         config = kwargs.get("config")
         if config is None and kernel in triton_launch._KERNELS.values():

@@ -21,8 +21,11 @@ triton = pytest.importorskip("triton")
 
 from monarch_kernels import (  # noqa: E402
     MonarchLinear,
+    backward_launch,
+    forward_launch,
     monarch_matmul,
     monarch_reference,
+    pipeline_launch,
     triton_launch,
 )
 from monarch_kernels.configs import get_configs  # noqa: E402
@@ -92,10 +95,10 @@ def test_forward_and_backward_match_reference(shape, path, dtype):
         xs, w1s, w2s, dys = _cast((x, w1, w2, dy), dtype)
         first = {kind: get_configs(kind)[0] for kind in triton_launch._KERNELS}
         _poison()
-        y = triton_launch.monarch_forward(xs, w1s, w2s, path=path, configs=first)
+        y = forward_launch.monarch_forward(xs, w1s, w2s, path=path, configs=first)
         assert _rel(y, want) < TOL[dtype], ("y", _rel(y, want))
         _poison()
-        got = triton_launch.monarch_backward(dys, xs, w1s, w2s, path=path, configs=first)
+        got = backward_launch.monarch_backward(dys, xs, w1s, w2s, path=path, configs=first)
         for name, a, b in zip(("dx", "dw1", "dw2"), got, grads, strict=True):
             assert _rel(a, b) < TOL[dtype], (name, _rel(a, b))
 
@@ -114,9 +117,9 @@ def test_every_config_of_the_active_backend(kind):
         try:
             for cfg in get_configs(kind):
                 _poison()
-                y = triton_launch.monarch_forward(xs, w1s, w2s, path=path, configs={kind: cfg})
+                y = forward_launch.monarch_forward(xs, w1s, w2s, path=path, configs={kind: cfg})
                 assert _rel(y, want) < 2e-2, (cfg, _rel(y, want))
-                got = triton_launch.monarch_backward(
+                got = backward_launch.monarch_backward(
                     dys, xs, w1s, w2s, path=path, configs={kind: cfg}
                 )
                 for name, a, b in zip(("dx", "dw1", "dw2"), got, grads, strict=True):
@@ -128,9 +131,9 @@ def test_every_config_of_the_active_backend(kind):
 @pytest.mark.parametrize("path", triton_launch.PATHS)
 def test_weight_gradients_are_deterministic(path):
     x, w1, w2, dy = _cast(_inputs(SHAPES[0], torch.float64, 3), torch.bfloat16)
-    first = triton_launch.monarch_backward(dy, x, w1, w2, path=path)
+    first = backward_launch.monarch_backward(dy, x, w1, w2, path=path)
     for _ in range(3):
-        again = triton_launch.monarch_backward(dy, x, w1, w2, path=path)
+        again = backward_launch.monarch_backward(dy, x, w1, w2, path=path)
         # dw1 and dw2 (dx comes from vendor GEMMs on the blas path, which may use atomics)
         for a, b in zip(first[1:], again[1:], strict=True):
             assert torch.equal(a, b)
@@ -152,8 +155,8 @@ def test_direct_launches_match_tritons_own(monkeypatch, path):
         results = []
         for supported in (False, True):
             monkeypatch.setattr(direct, "SUPPORTED", supported)
-            y, h = triton_launch.monarch_forward(xs, w1, w2, path=path, keep=True)
-            grads = triton_launch.monarch_backward(dy, xs, w1, w2, path=path, h=h)
+            y, h = forward_launch.monarch_forward(xs, w1, w2, path=path, keep=True)
+            grads = backward_launch.monarch_backward(dy, xs, w1, w2, path=path, h=h)
             results.append((y, *grads))
         for a, b in zip(*results, strict=True):
             assert torch.equal(a, b)
@@ -165,7 +168,7 @@ def test_pipelined_forward_hands_tiles_between_programs(monkeypatch, lag, progra
     64-row tiles), by few programs and by more than the GPU holds at once: matches the
     reference, and gives the same bits run after run (a tile read before its producer's
     stores were visible would not), the intermediate kept or not."""
-    monkeypatch.setattr(triton_launch, "PIPELINE_LAG", lag)
+    monkeypatch.setattr(pipeline_launch, "PIPELINE_LAG", lag)
     shape = (4096, 64, 64, 64, 64, 64)
     x, w1, w2, _dy = _inputs(shape, torch.float64, 9)
     want = monarch_reference(x, w1, w2)
@@ -173,12 +176,12 @@ def test_pipelined_forward_hands_tiles_between_programs(monkeypatch, lag, progra
     first = None
     for _ in range(5):
         _poison()
-        y = triton_launch.monarch_forward(xs, w1s, w2s, path="pipelined", num_programs=programs)
+        y = forward_launch.monarch_forward(xs, w1s, w2s, path="pipelined", num_programs=programs)
         assert _rel(y, want) < TOL[torch.bfloat16], _rel(y, want)
         first = y if first is None else first
         assert torch.equal(y, first)
     # with the intermediate kept for the backward: stage 1 writes all of it
-    y, h = triton_launch.monarch_forward(
+    y, h = forward_launch.monarch_forward(
         xs, w1s, w2s, path="pipelined", num_programs=programs, keep=True
     )
     assert _rel(y, want) < TOL[torch.bfloat16], _rel(y, want)
@@ -197,14 +200,14 @@ def test_chunked_path_in_several_chunks(shape, dtype):
     grads = _grads64(x, w1, w2, dy)
     xs, w1s, w2s, dys = _cast((x, w1, w2, dy), dtype)
     _poison()
-    y = triton_launch.monarch_forward(xs, w1s, w2s, path="chunked", chunk_rows=256)
+    y = forward_launch.monarch_forward(xs, w1s, w2s, path="chunked", chunk_rows=256)
     assert _rel(y, want) < TOL[dtype], ("y", _rel(y, want))
     _poison()
-    y, h = triton_launch.monarch_forward(xs, w1s, w2s, path="chunked", keep=True, chunk_rows=256)
+    y, h = forward_launch.monarch_forward(xs, w1s, w2s, path="chunked", keep=True, chunk_rows=256)
     assert _rel(y, want) < TOL[dtype], ("y kept", _rel(y, want))
     for kept in (h, None):
         _poison()
-        got = triton_launch.monarch_backward(
+        got = backward_launch.monarch_backward(
             dys, xs, w1s, w2s, path="chunked", h=kept, chunk_rows=256
         )
         for name, a, b in zip(("dx", "dw1", "dw2"), got, grads, strict=True):
@@ -223,9 +226,9 @@ def test_launch_plans_match_the_launchers(monkeypatch, path, replays):
     keep = path != "fused"
 
     def step(x, dy):
-        out = triton_launch.monarch_forward(x, w1, w2, path=path, keep=keep)
+        out = forward_launch.monarch_forward(x, w1, w2, path=path, keep=keep)
         y, h = out if keep else (out, None)
-        return y, *triton_launch.monarch_backward(dy, x, w1, w2, path=path, h=h)
+        return y, *backward_launch.monarch_backward(dy, x, w1, w2, path=path, h=h)
 
     monkeypatch.setattr(replay, "ENABLED", False)
     want = step(x, dy)

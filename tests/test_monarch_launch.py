@@ -48,7 +48,7 @@ def _step(monkeypatch, nblocks: int, path: str, seed: int = 0) -> dict[int, str]
     the launchers' checks let them through as they do under the interpreter. Returns the
     step's inputs and outputs by address."""
     import torch
-    from monarch_kernels import triton_launch
+    from monarch_kernels import backward_launch, forward_launch, triton_launch
 
     monkeypatch.setattr(triton_launch, "interpreting", lambda: True)
     g = torch.Generator().manual_seed(seed)
@@ -59,9 +59,9 @@ def _step(monkeypatch, nblocks: int, path: str, seed: int = 0) -> dict[int, str]
     w2 = torch.randn(nblocks, w, w, generator=g).bfloat16()
     keep = path != "fused"  # it keeps no whole intermediate
     with _KeepAlive():  # no address reused within the step: a pointer names one tensor
-        out = triton_launch.monarch_forward(x, w1, w2, path=path, keep=keep)
+        out = forward_launch.monarch_forward(x, w1, w2, path=path, keep=keep)
         y, h = out if keep else (out, None)
-        dx, dw1, dw2 = triton_launch.monarch_backward(dy, x, w1, w2, path=path, h=h)
+        dx, dw1, dw2 = backward_launch.monarch_backward(dy, x, w1, w2, path=path, h=h)
     named = {"x": x, "dy": dy, "w1": w1, "w2": w2, "y": y, "h": h, "dx": dx, "dw1": dw1}
     named["dw2"] = dw2
     return {t.data_ptr(): name for name, t in named.items() if t is not None}

@@ -178,13 +178,13 @@ def test_env_override(monkeypatch):
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="checks the no-GPU refusal")
 def test_launcher_refuses_bad_input():
     import torch
-    from monarch_kernels import triton_launch
+    from monarch_kernels import forward_launch, triton_launch
 
     x, w1, w2 = torch.randn(4, 12), torch.randn(3, 4, 4), torch.randn(2, 5, 6)
     with pytest.raises(TypeError, match="float16, bfloat16 or float32"):
-        triton_launch.monarch_forward(x.double(), w1.double(), w2.double())
+        forward_launch.monarch_forward(x.double(), w1.double(), w2.double())
     with pytest.raises(ValueError, match="need a GPU"):
-        triton_launch.monarch_forward(x, w1, w2)
+        forward_launch.monarch_forward(x, w1, w2)
     with pytest.raises(ValueError, match="expected x"):
         triton_launch._shapes(torch.randn(4, 13), w1, w2)
 
@@ -194,7 +194,7 @@ def test_path_choice_times_each_direction_once_per_shape(monkeypatch):
     times: the fastest candidate wins, is kept per (direction, shape), and a shape first seen
     inside a graph capture takes the fixed path without being remembered."""
     import torch
-    from monarch_kernels import triton_launch
+    from monarch_kernels import backward_launch, forward_launch, path_choice, triton_launch
 
     times = {"two_kernel": 3.0, "three_kernel": 1.0, "blas": 2.0}
     made = []
@@ -215,27 +215,27 @@ def test_path_choice_times_each_direction_once_per_shape(monkeypatch):
         return make
 
     capturing = [False]
-    monkeypatch.setattr(triton_launch, "_call_ms", bench)
+    monkeypatch.setattr(path_choice, "_call_ms", bench)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
-    monkeypatch.setattr(triton_launch, "_path_choice", {})
+    monkeypatch.setattr(path_choice, "_path_choice", {})
     x = torch.randn(4, 8)
     all3 = runs(("two_kernel", "three_kernel", "blas"))
-    assert triton_launch._choose("forward", (x,), all3, "two_kernel") == "three_kernel"
-    assert triton_launch._choose("forward", (x,), all3, "two_kernel") == "three_kernel"
+    assert path_choice._choose("forward", (x,), all3, "two_kernel") == "three_kernel"
+    assert path_choice._choose("forward", (x,), all3, "two_kernel") == "three_kernel"
     assert len(made) == 1  # timed once
     two = runs(("two_kernel", "blas"))
-    assert triton_launch._choose("backward", (x,), two, "two_kernel") == "blas"  # apart
+    assert path_choice._choose("backward", (x,), two, "two_kernel") == "blas"  # apart
     capturing[0] = True
-    assert triton_launch._choose("forward", (x.t(),), all3, "two_kernel") == "two_kernel"
-    assert len(made) == 2 and len(triton_launch._path_choice) == 2  # nothing timed or kept
+    assert path_choice._choose("forward", (x.t(),), all3, "two_kernel") == "two_kernel"
+    assert len(made) == 2 and len(path_choice._path_choice) == 2  # nothing timed or kept
     capturing[0] = False
 
     # within 3% of the fastest the first listed wins (candidates come fewest launches first)
     times.update(two_kernel=1.02, three_kernel=1.0, blas=1.5)
     z = torch.randn(5, 8)
-    assert triton_launch._choose("forward", (z,), all3, "two_kernel") == "two_kernel"
+    assert path_choice._choose("forward", (z,), all3, "two_kernel") == "two_kernel"
     times.update(two_kernel=1.04)
-    assert triton_launch._choose("forward", (z.t(),), all3, "two_kernel") == "three_kernel"
+    assert path_choice._choose("forward", (z.t(),), all3, "two_kernel") == "three_kernel"
     times.update(two_kernel=3.0, three_kernel=1.0, blas=2.0)
 
     # a path that does not build here is left out, with a warning, and the rest still choose
@@ -249,26 +249,27 @@ def test_path_choice_times_each_direction_once_per_shape(monkeypatch):
 
     y = torch.randn(6, 8)
     with pytest.warns(RuntimeWarning, match="three_kernel path failed here.*OutOfResources"):
-        assert triton_launch._choose("forward", (y,), one_fails, "two_kernel") == "blas"
+        assert path_choice._choose("forward", (y,), one_fails, "two_kernel") == "blas"
     with pytest.warns(RuntimeWarning), pytest.raises(RuntimeError, match="no backward path runs"):
-        triton_launch._choose("backward", (y,), lambda: {"blas": too_big}, "two_kernel")
+        path_choice._choose("backward", (y,), lambda: {"blas": too_big}, "two_kernel")
 
     # the candidates: three_kernel only where it differs from two_kernel
     seen = []
     monkeypatch.setattr(triton_launch, "interpreting", lambda: False)
-    monkeypatch.setattr(
-        triton_launch, "_choose", lambda d, ts, make, cap: seen.append((d, sorted(make())))
-    )
+    for module in (forward_launch, backward_launch):
+        monkeypatch.setattr(
+            module, "_choose", lambda d, ts, make, cap: seen.append((d, sorted(make())))
+        )
     narrow, wide = torch.randn(2, 4, 4), torch.randn(2, 256, 256)
-    triton_launch._choose_forward_path(x, narrow, narrow, 2)
-    triton_launch._choose_forward_path(x, narrow, narrow, 1)
-    triton_launch._choose_backward_path(x, x, narrow, narrow, None)
-    triton_launch._choose_backward_path(x, x, wide, wide, None)
+    forward_launch._choose_forward_path(x, narrow, narrow, 2)
+    forward_launch._choose_forward_path(x, narrow, narrow, 1)
+    backward_launch._choose_backward_path(x, x, narrow, narrow, None)
+    backward_launch._choose_backward_path(x, x, wide, wide, None)
     # and chunked where the batch comes in more than one chunk (rows of 32 bytes, a quarter
     # of the 16 KiB stand-in L2: 128 rows a chunk)
     many = torch.randn(129, 8)
-    triton_launch._choose_forward_path(many, narrow, narrow, 2)
-    triton_launch._choose_backward_path(many, many, narrow, narrow, None)
+    forward_launch._choose_forward_path(many, narrow, narrow, 2)
+    backward_launch._choose_backward_path(many, many, narrow, narrow, None)
     assert seen == [
         ("forward", ["blas", "three_kernel", "two_kernel"]),
         ("forward", ["blas", "two_kernel"]),  # one output block: no output permutation
@@ -309,39 +310,39 @@ def test_pipelined_items_and_lag(monkeypatch):
     block count, and its stages lie as many rounds apart as the programs hold, within half
     the shared cache for the ring of 2*lag + 2 slots."""
     import torch
-    from monarch_kernels import triton_launch
+    from monarch_kernels import pipeline_launch, triton_launch
 
-    items = triton_launch._blocks_per_item
+    items = pipeline_launch._blocks_per_item
     assert [items(64, 64), items(16, 128), items(6, 64), items(5, 100), items(4, 1024)] == [
         8, 4, 2, 1, 1,
     ]  # fmt: skip
     gpu, mib = torch.device("cuda"), 2**20
     monkeypatch.setattr(triton_launch, "_cache_bytes", lambda device: 50 * mib)  # H200
     # 264 programs (two on each of 132 SMs) take 14 rounds of 20 items; 1 MiB slots: 24 fit
-    assert triton_launch._pipeline_lag(264, 20, mib, gpu) == 11
-    assert triton_launch._pipeline_lag(40, 20, mib, gpu) == 2
+    assert pipeline_launch._pipeline_lag(264, 20, mib, gpu) == 11
+    assert pipeline_launch._pipeline_lag(40, 20, mib, gpu) == 2
     monkeypatch.setattr(triton_launch, "_cache_bytes", lambda device: 256 * mib)  # MI300X
-    assert triton_launch._pipeline_lag(608, 20, mib, gpu) == 31
+    assert pipeline_launch._pipeline_lag(608, 20, mib, gpu) == 31
     monkeypatch.setattr(triton_launch, "_cache_bytes", lambda device: 4 * mib)
-    assert triton_launch._pipeline_lag(608, 20, mib, gpu) == 1  # never less than one round
+    assert pipeline_launch._pipeline_lag(608, 20, mib, gpu) == 1  # never less than one round
 
 
 def test_chunks_fit_a_share_of_the_l2_cache_and_are_few(monkeypatch):
     """The chunked path's rows per chunk: each intermediate's chunk within a quarter of the
     L2 cache, in multiples of 128 rows (16 for small ones), and at most 16 chunks."""
     import torch
-    from monarch_kernels import triton_launch
+    from monarch_kernels import forward_launch, triton_launch
 
     gpu = torch.device("cuda")
     row = 4096 * 2  # width 4096, bfloat16
     monkeypatch.setattr(triton_launch, "_cache_bytes", lambda device: 50 * 2**20)  # H100, H200
-    assert triton_launch._chunk_rows(16384, row, gpu) == 1536  # 12.5 MiB / 8 KiB = 1600 rows
-    assert triton_launch._chunk_rows(1536, row, gpu) == 1536  # one chunk: not a candidate
-    assert triton_launch._chunk_rows(10**6, row, gpu) == 62512  # 16 chunks, 16-row multiple
+    assert forward_launch._chunk_rows(16384, row, gpu) == 1536  # 12.5 MiB / 8 KiB = 1600 rows
+    assert forward_launch._chunk_rows(1536, row, gpu) == 1536  # one chunk: not a candidate
+    assert forward_launch._chunk_rows(10**6, row, gpu) == 62512  # 16 chunks, 16-row multiple
     monkeypatch.setattr(triton_launch, "_cache_bytes", lambda device: 4 * 2**20)
-    assert triton_launch._chunk_rows(16384, row, gpu) == 1024  # 128 rows fit: 16 chunks
-    assert triton_launch._chunk_rows(16384, 3 * row, gpu) == 1024
-    assert triton_launch._chunk_rows(100, 4 * 2**20, gpu) == 16  # not even a row fits
+    assert forward_launch._chunk_rows(16384, row, gpu) == 1024  # 128 rows fit: 16 chunks
+    assert forward_launch._chunk_rows(16384, 3 * row, gpu) == 1024
+    assert forward_launch._chunk_rows(100, 4 * 2**20, gpu) == 16  # not even a row fits
 
 
 def test_blas_weight_gradients_use_the_vendor_gemm_only_where_it_is_deterministic(monkeypatch):
@@ -349,20 +350,20 @@ def test_blas_weight_gradients_use_the_vendor_gemm_only_where_it_is_deterministi
     (rocBLAS allows atomics) and torch's deterministic mode keep the split-reduction kernel.
     Both routes are checked against the reference under the interpreter."""
     import torch
-    from monarch_kernels import triton_launch
+    from monarch_kernels import backward_launch
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert not triton_launch.vendor_weight_grads(cpu)
+    assert not backward_launch.vendor_weight_grads(cpu)
     monkeypatch.setattr(torch.version, "hip", None)
-    assert triton_launch.vendor_weight_grads(cuda)
+    assert backward_launch.vendor_weight_grads(cuda)
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        assert not triton_launch.vendor_weight_grads(cuda)
+        assert not backward_launch.vendor_weight_grads(cuda)
     finally:
         torch.use_deterministic_algorithms(previous)
     monkeypatch.setattr(torch.version, "hip", "6.4")
-    assert not triton_launch.vendor_weight_grads(cuda)
+    assert not backward_launch.vendor_weight_grads(cuda)
 
 
 def test_autotuned_config_is_launched_directly_after_the_first_call(monkeypatch):

@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(format_table(rows))
     if gpu:
-        from .triton_launch import _path_choice
+        from .path_choice import _path_choice
 
         # keys: (direction, (shape, strides) of each tensor timed, dtype, device)
         chosen = sorted(

@@ -72,7 +72,7 @@ def _use_triton(device: torch.device) -> bool:
                     f"Triton {triton.__version__} is older than {'.'.join(map(str, _MIN_TRITON))}"
                 )
             else:
-                from . import triton_launch  # noqa: F401
+                from . import backward_launch, forward_launch  # noqa: F401
         except ImportError as exc:
             reason = f"Triton is not importable ({exc})"
         _triton_state["ok"] = reason is None
@@ -124,7 +124,7 @@ def _forward(
     if x2.shape[0] == 0:
         return x.new_zeros(*batch, s * l), x.new_zeros(k * q, 0)
     if x.dtype in _TRITON_DTYPES and _use_triton(x.device):
-        from .triton_launch import monarch_forward
+        from .forward_launch import monarch_forward
 
         if keep:
             y, h = monarch_forward(x2, w1, w2, keep=True)
@@ -149,7 +149,7 @@ def _gradients(
     if x2.shape[0] == 0:
         return x.new_zeros(x.shape), w1.new_zeros(w1.shape), w2.new_zeros(w2.shape)
     if x.dtype in _TRITON_DTYPES and _use_triton(x.device):
-        from .triton_launch import monarch_backward
+        from .backward_launch import monarch_backward
 
         dx, dw1, dw2 = monarch_backward(dy2, x2, w1, w2, h=h)
     else:

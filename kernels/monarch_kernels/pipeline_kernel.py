@@ -1,6 +1,6 @@
 """The pipelined forward (path ``pipelined``): the whole Monarch forward in one launch and one
 pass over memory, each row tile's intermediates handed between programs through a ring of
-scratch slots in the cache they all share. Launched by ``triton_launch._pipelined``.
+scratch slots in the cache they all share. Launched by ``pipeline_launch._pipelined``.
 
 Programs coordinate through counters in global memory: an atomic ticket hands out work items
 in order, and per-tile counters say when a tile's stage is done. Triton compiles a scalar

@@ -1,4 +1,5 @@
-"""Triton kernels for the Monarch product. Launchers live in ``triton_launch.py``.
+"""Triton kernels for the Monarch product. Launchers live in ``forward_launch.py``
+and ``backward_launch.py``, on the ground ``triton_launch.py`` lays.
 
 Every kernel reads and writes through explicit strides over a logical ``(row, block, feature)``
 index, so each permutation of the specification is index arithmetic in a load or a store,

@@ -16,7 +16,7 @@ import time
 import torch
 import triton
 
-from . import triton_launch
+from . import backward_launch, forward_launch, triton_launch
 from .configs import get_configs
 
 
@@ -89,12 +89,14 @@ def main(argv: list[str] | None = None) -> None:
                 add(
                     f"{kind} {_fmt(cfg)}",
                     "fwd",
-                    lambda c=c, p=path: triton_launch.monarch_forward(x, w1, w2, path=p, configs=c),
+                    lambda c=c, p=path: forward_launch.monarch_forward(
+                        x, w1, w2, path=p, configs=c
+                    ),
                 )
                 add(
                     f"{kind} {_fmt(cfg)}",
                     "bwd",
-                    lambda c=c, p=path: triton_launch.monarch_backward(
+                    lambda c=c, p=path: backward_launch.monarch_backward(
                         dy, x, w1, w2, path=p, configs=c
                     ),
                 )
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
                     add(
                         f"pipeline {_fmt(cfg)} progs={nprog}",
                         "fwd",
-                        lambda c=c, p=nprog: triton_launch.monarch_forward(
+                        lambda c=c, p=nprog: forward_launch.monarch_forward(
                             x, w1, w2, path="pipelined", configs=c, num_programs=p
                         ),
                     )
@@ -112,14 +114,14 @@ def main(argv: list[str] | None = None) -> None:
                     add(
                         f"fused {_fmt(cfg)} progs={nprog}",
                         "fwd",
-                        lambda c=c, p=nprog: triton_launch.monarch_forward(
+                        lambda c=c, p=nprog: forward_launch.monarch_forward(
                             x, w1, w2, path="fused", configs=c, num_programs=p
                         ),
                     )
                 add(
                     f"fused {_fmt(cfg)}",
                     "bwd",
-                    lambda c=c: triton_launch.monarch_backward(
+                    lambda c=c: backward_launch.monarch_backward(
                         dy, x, w1, w2, path="fused", configs=c
                     ),
                 )
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
                 add(
                     f"{kind} {_fmt(cfg)}",
                     "bwd",
-                    lambda c=c, p=path: triton_launch.monarch_backward(
+                    lambda c=c, p=path: backward_launch.monarch_backward(
                         dy, x, w1, w2, path=p, configs=c
                     ),
                 )
@@ -139,12 +141,12 @@ def main(argv: list[str] | None = None) -> None:
         add(
             f"autotuned, path {path or 'chosen'}",
             "fwd",
-            lambda p=path: triton_launch.monarch_forward(x, w1, w2, path=p),
+            lambda p=path: forward_launch.monarch_forward(x, w1, w2, path=p),
         )
         add(
             f"autotuned, path {path or 'chosen'}",
             "bwd",
-            lambda p=path: triton_launch.monarch_backward(dy, x, w1, w2, path=p),
+            lambda p=path: backward_launch.monarch_backward(dy, x, w1, w2, path=p),
         )
     width = max(len(r[0]) for r in rows)
     print(f"\n| {'kernel config'.ljust(width)} | pass | ms | %floor |")
