@@ -11,9 +11,10 @@ block-major buffer instead (coalesced along features), both with the one-block (
 the grouped (3-d) kernel; the blas path's two bmm calls and its output permutation; cuBLAS
 bmm of a block-major stage and a plain copy for scale. Then the host's cost: microseconds of
 Python and launch work per call at a batch small enough that the device keeps up (each path,
-the public function (eager route) and the custom ops, with and without autograd, one Triton launch, one bmm), with a cProfile of the
-op's calls written to ``$OUT/host_profile_<n>_<blocks>.txt`` where OUT is set; then a torch.profiler
-breakdown of the op's forward and backward, per kernel.
+the public function (eager route) and the custom ops, with and without autograd, one Triton
+launch, one bmm), with a cProfile of the op's calls written to
+``$OUT/host_profile_<n>_<blocks>.txt`` where OUT is set; then a torch.profiler breakdown of the
+op's forward and backward, per kernel.
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
 """Registers, spills and shared memory of every kernel config, read from compiled code: no GPU.
 
-    PYTHONPATH=kernels:tests python benchmarks/kernel_registers.py [--targets sm_90,gfx942] [--kinds ...]
+    PYTHONPATH=kernels:tests python benchmarks/kernel_registers.py \
+        [--targets sm_90,gfx942] [--kinds ...]
 
 Each config of a target's set (the CUDA set for sm_90, the HIP sets for gfx942 and gfx950) is
 compiled ahead of time as the launchers specialise it at width 4096 with 64 blocks, in
-bfloat16 (``tests/_aot.py``). For each: registers a thread (on AMD, vector registers a lane, the accumulation
-registers included), bytes a thread (lane) spills to memory, shared memory (LDS on AMD) a program, and
-how many programs one SM (CU) holds by registers and by shared memory: a memory-bound kernel
-hides latency with the programs it holds. The NVIDIA figures come from ``cuobjdump`` on the
-cubin, the AMD ones from the code object's metadata.
+bfloat16 (``tests/_aot.py``). For each: registers a thread (on AMD, vector registers a lane,
+the accumulation registers included), bytes a thread (lane) spills to memory, shared memory
+(LDS on AMD) a program, and how many programs one SM (CU) holds by registers and by shared
+memory: a memory-bound kernel hides latency with the programs it holds. The NVIDIA figures
+come from ``cuobjdump`` on the cubin, the AMD ones from the code object's metadata.
 """
 
 from __future__ import annotations
@@ -68,9 +69,8 @@ def main() -> None:
     parser.add_argument("--kinds", default=",".join(LAUNCH_CONSTANTS))
     args = parser.parse_args()
     print("registers and shared memory from compiled code (width 4096, 64 blocks, bfloat16)\n")
-    print(
-        "| kind | config | target | registers | spilled B | shared KB | programs/SM by regs | by shared |"
-    )
+    columns = ("kind", "config", "target", "registers", "spilled B", "shared KB")
+    print(f"| {' | '.join(columns)} | programs/SM by regs | by shared |")
     print("|---|---|---|---:|---:|---:|---:|---:|")
     for target in args.targets.split(","):
         set_name = TARGETS[target][3]
@@ -96,9 +96,8 @@ def main() -> None:
                 regs, spill, shared, by_regs, by_shared = usage(
                     compile_config(kind, cfg, TARGETS[target][:3]), target, cfg.num_warps
                 )
-                print(
-                    f"| {kind} | {shape} | {target} | {regs} | {spill} | {shared / 1024:.0f} | {by_regs} | {by_shared} |"
-                )
+                row = (kind, shape, target, regs, spill, f"{shared / 1024:.0f}", by_regs, by_shared)
+                print(f"| {' | '.join(map(str, row))} |")
 
 
 if __name__ == "__main__":

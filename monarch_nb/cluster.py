@@ -212,7 +212,8 @@ def client_security(
 
 
 def load_factory(spec: str):
-    """``module:factory`` -> the cluster object the factory returns (dask-jobqueue, KubeCluster, …)."""
+    """``module:factory`` -> the cluster object the factory returns (dask-jobqueue,
+    KubeCluster, …)."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(

@@ -8,8 +8,9 @@ The path of a number, and what bounds it at each hop::
         -> controller: MetricsHub (client.subscribe_topic), the same bounded store;
            history(), latest(), subscribe(callback), format_latest() for %monarch metrics
 
-The stores themselves live in ``metrics_store.py``. ``install(client)`` wires all of it; worker plugins are re-applied by the scheduler to every
-worker that joins, so telemetry keeps flowing after a restart or a replaced worker.
+The stores themselves live in ``metrics_store.py``. ``install(client)`` wires all of it;
+worker plugins are re-applied by the scheduler to every worker that joins, so telemetry
+keeps flowing after a restart or a replaced worker.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ def _check_not_up() -> None:
     ctl = current_controller()
     if ctl is not None and not ctl.closed:
         raise ClusterError(
-            "a cluster is already up; use %monarch down first (or %monarch restart for fresh workers)"
+            "a cluster is already up; use %monarch down first "
+            "(or %monarch restart for fresh workers)"
         )
 
 

@@ -88,7 +88,8 @@ def _slice(part: str, world_size: int, spec: str) -> list[int]:
 
 
 def format_ranks(ranks: Iterable[int]) -> str:
-    """``[0, 1, 2, 3]`` -> ``'ranks 0-3'``; ``[0, 2]`` -> ``'ranks 0,2'``; ``[1]`` -> ``'rank 1'``."""
+    """``[0, 1, 2, 3]`` -> ``'ranks 0-3'``; ``[0, 2]`` -> ``'ranks 0,2'``;
+    ``[1]`` -> ``'rank 1'``."""
     rs = sorted(set(ranks))
     if len(rs) == 1:
         return f"rank {rs[0]}"

@@ -41,7 +41,10 @@ def test_ddp_gradients_agree_across_ranks(clean):
 def test_two_clusters_at_once_on_one_machine(clean):
     other = monarch_nb.up(workers=2, cpu=True, current=False)
     try:
-        code = "import torch, torch.distributed as dist\nt = torch.tensor([1.0])\ndist.all_reduce(t)\nt.item()"
+        code = (
+            "import torch, torch.distributed as dist\n"
+            "t = torch.tensor([1.0])\ndist.all_reduce(t)\nt.item()"
+        )
         assert other.run(code).values() == [2.0, 2.0]
         assert clean.run(code).values() == [2.0, 2.0]
         assert monarch_nb.current() is clean

@@ -2,10 +2,11 @@
 # (k, q, p, l, s, r are the specification's names; l is a block count.)
 """The Monarch product's block products on the vendor BLAS (``torch.bmm``), batch-last.
 
-Both the CPU torch path (``ops.py``) and the GPU's ``blas`` path (``forward_launch.py``, ``backward_launch.py``) work in
-this orientation: they compute ``out.T`` (s*l, B) from ``x.T`` (n, B). There the
-``(r l) -> (l r)`` permutation between the stages acts on the *row* index of a column-major-ish
-operand, so it is a leading dimension that BLAS accepts and is never copied:
+Both the CPU torch path (``ops.py``) and the GPU's ``blas`` path (``forward_launch.py``,
+``backward_launch.py``) work in this orientation: they compute ``out.T`` (s*l, B) from
+``x.T`` (n, B). There the ``(r l) -> (l r)`` permutation between the stages acts on the *row*
+index of a column-major-ish operand, so it is a leading dimension that BLAS accepts and is
+never copied:
 
 * ``x.T`` block i is ``x.view(B, k, p).permute(1, 2, 0)[i]`` (p, B), a transposed operand;
 * stage 1 writes ``h.T`` (k*q, B) contiguously; viewed as (r, l, B) and transposed it *is* the

@@ -36,7 +36,8 @@ class MonarchLinear(nn.Module):
         super().__init__()
         if in_features < 1 or out_features < 1:
             raise ValueError(
-                f"MonarchLinear: in_features={in_features} and out_features={out_features} must be >= 1"
+                f"MonarchLinear: in_features={in_features} and out_features={out_features} "
+                "must be >= 1"
             )
         if nblocks < 1:
             raise ValueError(f"MonarchLinear: nblocks={nblocks} must be >= 1")

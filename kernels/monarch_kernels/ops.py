@@ -58,7 +58,8 @@ def _check(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> tuple[int, ..
 
 
 def _use_triton(device: torch.device) -> bool:
-    """True when ``device`` is a GPU and a recent enough Triton is importable (warns once if not)."""
+    """True when ``device`` is a GPU and a recent enough Triton is importable (warns once if
+    not)."""
     if device.type != "cuda":
         return False
     if "ok" not in _triton_state:
