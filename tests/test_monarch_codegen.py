@@ -166,3 +166,34 @@ def test_pipelined_kernel_acquires_once_a_wait(target):
     else:
         acquires = binary.asm["amdgcn"].count("buffer_inv")
     assert 1 <= acquires <= 3, acquires
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_pipelined_kernel_signals_after_every_threads_stores(target):
+    """A program says a tile's stage is done with one thread's release add after a barrier:
+    on sm_90 ``bar.sync``, then ``red.release.gpu``; on gfx942 the barrier between
+    workgroup-scope release and acquire fences (which order every wave's stores before
+    it), then the L2 written back (``buffer_wbl2 sc1``) and the stores waited for before
+    the add. Without that release, another program could see the count before the
+    intermediate it counts."""
+    from _aot import compile_config
+    from monarch_kernels.configs import _cuda_configs
+
+    backend = TARGETS[target][0]
+    binary = compile_config("pipeline", _cuda_configs("pipeline")[0], TARGETS[target])
+    if backend == "cuda":
+        ptx = binary.asm["ptx"]
+        adds = re.findall(r"(bar\.sync[^\n]*\n(?:[^\n]*\n){0,8}?)[^\n]*red\.([\w.]+)\.add", ptx)
+        assert adds and all("release.gpu" in sem or "gpu.release" in sem for _, sem in adds)
+        return
+    llir, asm = binary.asm["llir"], binary.asm["amdgcn"]
+    barriers = llir.count("call void @llvm.amdgcn.s.barrier()")
+    fenced = re.findall(
+        r'fence syncscope\("workgroup"\) release[^\n]*\n'
+        r"\s*(?:tail )?call void @llvm\.amdgcn\.s\.barrier\(\)[^\n]*\n"
+        r'\s*fence syncscope\("workgroup"\) acquire',
+        llir,
+    )
+    assert barriers and len(fenced) == barriers
+    assert re.search(r'atomicrmw add [^\n]* syncscope\("agent"\) release', llir)
+    assert re.search(r"buffer_wbl2 sc1\s+s_waitcnt vmcnt\(0\)\s+global_atomic_add", asm)
