@@ -145,7 +145,7 @@ API = [
     ("layer-zero-blocks", lambda m: MonarchLinear(8, 4, nblocks=0), ValueError, "nblocks=0"),
     (
         "layer-wrong-input",
-        lambda m: MonarchLinear(8, 4)(torch.randn(2, 9)),
+        lambda m: MonarchLinear(8, 8, nblocks=2)(torch.randn(2, 9)),
         ValueError,
         "expected input (..., 8)",
     ),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import warnings
 
 import pytest
 import torch
@@ -12,7 +13,11 @@ from torch import nn
 
 @pytest.mark.parametrize("in_f,out_f,nblocks", [(10, 7, 4), (24, 40, 4), (33, 33, 3), (3, 5, 4)])
 def test_any_sizes_match_dense_weight(in_f, out_f, nblocks):
-    layer = MonarchLinear(in_f, out_f, nblocks=nblocks, dtype=torch.float64)
+    with warnings.catch_warnings(record=True) as caught:  # (3, 5, 4) and (10, 7, 4) warn
+        warnings.simplefilter("always")
+        layer = MonarchLinear(in_f, out_f, nblocks=nblocks, dtype=torch.float64)
+    reached = bool((layer.dense_weight() != 0).all())
+    assert bool(caught) != reached, [str(w.message) for w in caught]
     x = torch.randn(2, 5, in_f, dtype=torch.float64)
     y = layer(x)
     assert y.shape == (2, 5, out_f)
@@ -35,6 +40,46 @@ def test_interface_like_linear():
         layer(torch.randn(3, 23, dtype=torch.float64))
     with pytest.raises(ValueError, match="nblocks=0"):
         MonarchLinear(4, 4, nblocks=0)
+    with pytest.raises(TypeError, match=r"nblocks must be an int, got 2\.0"):
+        MonarchLinear(10, 20, nblocks=2.0)
+
+
+def test_too_many_blocks_warn_and_say_how_many_connect():
+    """With blocks of q < nblocks, output blocks reach only q of the input blocks: some
+    outputs never see some inputs, which no user of nn.Linear expects silently."""
+    with pytest.warns(UserWarning, match=r"nblocks=8\): blocks of 1 < 8.*nblocks=2 connects"):
+        layer = MonarchLinear(3, 5, nblocks=8)
+    assert (layer.dense_weight() == 0).any()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert (MonarchLinear(3, 5, nblocks=2).dense_weight() != 0).all()
+        MonarchLinear(4096, 4096, nblocks=64)  # q = 64: every block reached
+
+
+def test_output_can_be_modified_in_place_as_linears_can():
+    torch.manual_seed(0)
+    for layer in (MonarchLinear(64, 64, bias=False), MonarchLinear(64, 60, bias=False)):
+        x = torch.randn(2, 3, 64, requires_grad=True)
+        nn.Sequential(layer, nn.ReLU(inplace=True))(x).sum().backward()
+        dense = x.detach().clone().requires_grad_()
+        torch.relu(dense @ layer.dense_weight().detach().T).sum().backward()
+        torch.testing.assert_close(x.grad, dense.grad)
+
+
+def test_autocast_computes_in_its_dtype_as_linear_does():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), MonarchLinear(32, 32))
+    x = torch.randn(4, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = model(x)
+        dense = nn.Linear(32, 32)(model[0](x))
+    assert y.dtype == dense.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), model(x), rtol=3e-2, atol=3e-2)
+    y.float().sum().backward()
+    assert model[1].w1.grad.dtype == torch.float32
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert compiled(x).dtype == torch.bfloat16
 
 
 def test_state_dict_round_trip():
@@ -73,7 +118,7 @@ def test_from_linear_exact_on_monarch_weight():
 
 def test_from_linear_any_size_reduces_error():
     dense = nn.Linear(10, 7)
-    layer = MonarchLinear.from_linear(dense, nblocks=4)
+    layer = MonarchLinear.from_linear(dense, nblocks=3)  # neither size a multiple of 3
     err = (layer.dense_weight() - dense.weight).norm()
     assert err < dense.weight.norm()
     torch.testing.assert_close(layer.bias, dense.bias)

@@ -210,12 +210,56 @@ def test_empty_batch():
 def test_missing_triton_warns_once_and_falls_back(monkeypatch):
     monkeypatch.setattr(ops, "_triton_state", {})
     monkeypatch.setitem(sys.modules, "triton", None)  # import triton -> ImportError
-    with pytest.warns(RuntimeWarning, match="Triton is not importable.*torch path"):
+    with pytest.warns(RuntimeWarning, match="Triton is not usable.*Error.*torch path"):
         assert ops._use_triton(torch.device("cuda")) is False
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert ops._use_triton(torch.device("cuda")) is False
     assert ops._use_triton(torch.device("cpu")) is False
+
+
+def test_unusable_triton_warns_and_falls_back(monkeypatch):
+    """A Triton whose version does not parse (a source build's "main") is no crash either."""
+    monkeypatch.setattr(ops, "_triton_state", {})
+    monkeypatch.setitem(sys.modules, "triton", types.SimpleNamespace(__version__="main"))
+    with pytest.warns(RuntimeWarning, match="Triton is not usable.*ValueError.*torch path"):
+        assert ops._use_triton(torch.device("cuda")) is False
+
+
+def test_functorch_transforms_match_the_reference():
+    """jvp, jacfwd, grad, vmap and per-sample gradients: the custom ops' autograd is
+    backward-only, so under a transform the product is made of plain torch ops (a missing
+    forward-mode rule would give a zero tangent without an error)."""
+    from monarch_kernels import MonarchLinear
+    from torch.func import functional_call, grad, jacfwd, jvp, vmap
+
+    x, w1, w2 = make((4, 6, 5, 2, 7, (3, 5), "transposed"))
+    tx = torch.randn_like(x)
+
+    def ours(a):
+        return monarch_matmul(a, w1, w2)
+
+    def ref(a):
+        return monarch_reference(a, w1, w2)
+
+    for transform in (
+        lambda f: jvp(f, (x,), (tx,))[1],
+        lambda f: jacfwd(f)(x[0, 0]),
+        lambda f: grad(lambda a: f(a).square().sum())(x),
+        lambda f: vmap(f)(x),
+    ):
+        torch.testing.assert_close(transform(ours), transform(ref))
+    layer = MonarchLinear(24, 14, nblocks=2, dtype=torch.float64)
+    params = {k: v.detach() for k, v in layer.named_parameters()}
+
+    def loss(p, row):
+        return functional_call(layer, p, (row,)).square().sum()
+
+    per_sample = vmap(grad(loss), in_dims=(None, 0))(params, x[0])
+    for i, row in enumerate(x[0]):
+        layer.zero_grad()
+        layer(row).square().sum().backward()
+        torch.testing.assert_close(per_sample["w1"][i], layer.w1.grad)
 
 
 def test_old_triton_warns(monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch import nn
@@ -34,6 +35,11 @@ class MonarchLinear(nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
+        for name, value in (("in_features", in_features), ("out_features", out_features)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"MonarchLinear: {name} must be an int, got {value!r}")
+        if not isinstance(nblocks, int) or isinstance(nblocks, bool):
+            raise TypeError(f"MonarchLinear: nblocks must be an int, got {nblocks!r}")
         if in_features < 1 or out_features < 1:
             raise ValueError(
                 f"MonarchLinear: in_features={in_features} and out_features={out_features} "
@@ -50,6 +56,15 @@ class MonarchLinear(nn.Module):
         self.in_features_padded = in_blk * nblocks
         self.out_features_padded = out_blk * nblocks
         q = min(in_blk, out_blk)
+        if q < nblocks and in_features * out_features > 1:
+            warnings.warn(
+                f"MonarchLinear({in_features}, {out_features}, nblocks={nblocks}): blocks of "
+                f"{q} < {nblocks}, so each output reaches only {q} of the {nblocks} input blocks; "
+                f"nblocks={_connected_blocks(in_features, out_features)} connects every input "
+                "to every output",
+                UserWarning,
+                stacklevel=2,
+            )
         self.w1 = nn.Parameter(torch.empty(nblocks, q, in_blk, **factory))
         self.w2 = nn.Parameter(torch.empty(nblocks, out_blk, q, **factory))
         if bias:
@@ -79,7 +94,8 @@ class MonarchLinear(nn.Module):
         y = monarch_matmul(x, self.w1, self.w2)
         if self.out_features_padded != self.out_features:
             y = y[..., : self.out_features]
-        return y if self.bias is None else y + self.bias
+        # in y's dtype, which differs from the bias's only under autocast (as nn.Linear's)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, nblocks: int = 4) -> MonarchLinear:
@@ -117,3 +133,14 @@ class MonarchLinear(nn.Module):
             f"nblocks={self.nblocks}, bias={self.bias is not None}, "
             f"weight params={params} vs dense {dense} ({params / dense:.1%})"
         )
+
+
+def _connected_blocks(in_features: int, out_features: int) -> int:
+    """The most blocks for which every output of the layer depends on every input: output
+    block j reads one element of each of ``q`` stage-1 blocks, so all ``nblocks`` are
+    reached when ``q = min(ceil(in / nblocks), ceil(out / nblocks)) >= nblocks``."""
+    return max(
+        b
+        for b in range(1, min(in_features, out_features) + 1)
+        if min(math.ceil(in_features / b), math.ceil(out_features / b)) >= b
+    )

@@ -12,8 +12,10 @@ transpose, where the two-bmm pipeline copies the intermediate and then gathers t
 a 3-d permutation.
 
 Eager calls run the same bodies through a plain ``torch.autograd.Function``, which costs the
-host far less per call than a Python custom op; ``torch.compile``, fake tensors, export and
-functorch see the custom ops.
+host far less per call than a Python custom op; ``torch.compile``, fake tensors and export see
+the custom ops. Under functorch transforms (``jvp``, ``grad``, ``vmap``, ``jacfwd``) the
+product is composed of plain torch ops, which every transform differentiates and batches: the
+custom ops' autograd is backward-only.
 """
 
 from __future__ import annotations
@@ -74,8 +76,8 @@ def _use_triton(device: torch.device) -> bool:
                 )
             else:
                 from . import backward_launch, forward_launch  # noqa: F401
-        except ImportError as exc:
-            reason = f"Triton is not importable ({exc})"
+        except Exception as exc:  # an unparsable version, a failing import: fall back, not crash
+            reason = f"Triton is not usable ({type(exc).__name__}: {exc})"
         _triton_state["ok"] = reason is None
         if reason is not None:
             warnings.warn(
@@ -117,13 +119,15 @@ def _torch_backward(
 def _forward(
     x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, *, keep: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(y, h)``: the product and, with ``keep`` (or where it comes free), the feature-major
-    intermediate (k*q, B) for the backward. The body of every route below."""
+    """``(y, h)``: the product as rows ``(B, s*l)``, B the batch dimensions flattened, and,
+    with ``keep`` (or where it comes free), the feature-major intermediate (k*q, B) for the
+    backward. The body of every route below; each views y in the batch's shape itself, so
+    that the eager route's autograd.Function returns no view (which autograd would refuse
+    to let the caller modify in place)."""
     k, q, p, l, s, _r = _check(x, w1, w2)
-    batch = x.shape[:-1]
     x2 = x.reshape(-1, k * p)
     if x2.shape[0] == 0:
-        return x.new_zeros(*batch, s * l), x.new_zeros(k * q, 0)
+        return x.new_zeros(0, s * l), x.new_zeros(k * q, 0)
     if x.dtype in _TRITON_DTYPES and _use_triton(x.device):
         from .forward_launch import monarch_forward
 
@@ -133,7 +137,37 @@ def _forward(
             y, h = monarch_forward(x2, w1, w2), None
     else:
         y, h = _torch_forward(x2, w1, w2)
-    return y.view(*batch, s * l), h
+    return y, h
+
+
+def _batched(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Rows ``y`` (B, out) viewed in ``x``'s batch shape: (..., out); ``y`` itself where x is
+    already 2-d."""
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
+
+
+def _composite(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """The product from plain torch ops (the torch path's two block products, then the output
+    permutation as a view), which functorch's transforms differentiate in both modes and
+    batch."""
+    k, _q, p, l, s, _r = monarch_shapes(x.shape[-1], w1, w2)
+    _ht, yt = blas.forward_stages(x.reshape(-1, k * p), w1, w2)
+    return yt.permute(2, 1, 0).reshape(*x.shape[:-1], s * l)  # y[b, a*l + j] = yt[j, a, b]
+
+
+def _autocast(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The operands as autocast casts a matmul's, where it is on for their device: floating
+    tensors other than float64 to its dtype (``nn.Linear`` under autocast does the same)."""
+    x = tensors[0]
+    if not isinstance(x, torch.Tensor) or not torch.is_autocast_enabled(x.device.type):
+        return tensors
+    dtype = torch.get_autocast_dtype(x.device.type)
+    return tuple(
+        t.to(dtype)
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+        else t
+        for t in tensors
+    )
 
 
 def _gradients(
@@ -160,7 +194,7 @@ def _gradients(
 
 @torch.library.custom_op("monarch_kernels::monarch_matmul", mutates_args=())
 def _monarch_op(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-    return _forward(x, w1, w2, keep=False)[0]
+    return _batched(_forward(x, w1, w2, keep=False)[0], x)
 
 
 @_monarch_op.register_fake
@@ -176,7 +210,8 @@ def _monarch_keep_op(
     """The forward for training: ``(y, h)``, h the feature-major intermediate (k*q, B) that the
     backward needs for ``dw2``. Every path but the fused one writes h anyway; keeping it
     saves the backward a pass of stage 1 (one activation-sized tensor more held)."""
-    return _forward(x, w1, w2, keep=True)
+    y, h = _forward(x, w1, w2, keep=True)
+    return _batched(y, x), h
 
 
 @_monarch_keep_op.register_fake
@@ -245,9 +280,10 @@ class _MonarchMatmul(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+        """Rows ``(B, s*l)``, never a view (the caller views them in the batch's shape)."""
         y, h = _forward(x, w1, w2, keep=True)
         ctx.save_for_backward(x, w1, w2, h)
-        return y
+        return y.clone() if y._is_view() else y  # a view only where one row or column
 
     @staticmethod
     @once_differentiable  # the backward's kernels are not themselves differentiable
@@ -258,13 +294,12 @@ class _MonarchMatmul(torch.autograd.Function):
 
 def _eager(*tensors: torch.Tensor) -> bool:
     """True where plain Python may stand in for the custom ops: outside ``torch.compile``'s
-    tracing, on plain tensors and parameters, with no dispatch mode (fake tensors, export)
-    and no functorch transform active; elsewhere the ops keep their registered behaviour."""
+    tracing, on plain tensors and parameters, with no dispatch mode (fake tensors, export);
+    elsewhere the ops keep their registered behaviour."""
     return (
         not torch.compiler.is_compiling()
         and all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors)
         and not torch._C._len_torch_dispatch_stack()
-        and not torch._C._are_functorch_transforms_active()
     )
 
 
@@ -272,17 +307,24 @@ def monarch_matmul(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch
     """Monarch product of ``x`` (..., k*p) with ``w1`` (k, q, p) and ``w2`` (l, s, r).
 
     Returns ``(..., s*l)``; see :mod:`monarch_kernels.reference` for the exact definition.
-    Differentiable in all three arguments; one opaque op under ``torch.compile``.
+    Differentiable in all three arguments (once: the backward's kernels are not themselves
+    differentiable); one opaque op under ``torch.compile``; under autocast, computed in its
+    dtype as a matmul is.
 
     >>> x = torch.randn(8, 12); w1 = torch.randn(3, 4, 4); w2 = torch.randn(2, 5, 6)
     >>> monarch_matmul(x, w1, w2).shape
     torch.Size([8, 10])
     """
+    x, w1, w2 = _autocast(x, w1, w2)
     _check(x, w1, w2)
+    if not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active():
+        return _composite(x, w1, w2)
     # keep the intermediate for the backward rather than recompute it there
     grad = torch.is_grad_enabled() and (x.requires_grad or w1.requires_grad or w2.requires_grad)
     if _eager(x, w1, w2):
-        return _MonarchMatmul.apply(x, w1, w2) if grad else _forward(x, w1, w2, keep=False)[0]
+        if grad:
+            return _batched(_MonarchMatmul.apply(x, w1, w2), x)
+        return _batched(_forward(x, w1, w2, keep=False)[0], x)
     if grad:
         return torch.ops.monarch_kernels.monarch_matmul_keep(x, w1, w2)[0]
     return torch.ops.monarch_kernels.monarch_matmul(x, w1, w2)

@@ -47,6 +47,8 @@ def project_to_monarch(
     k = l = nblocks
     p, s = in_f // k, out_f // l
     q = min(p, s) if q is None else q
+    if q < 1:
+        raise ValueError(f"project_to_monarch: q={q} must be >= 1")
     r = q  # k * q == l * r with k == l
     work = weight.detach().to(torch.float64 if weight.dtype == torch.float64 else torch.float32)
     # (l, k, s, p): pair (j, i) holds M[j::l, i*p:(i+1)*p]

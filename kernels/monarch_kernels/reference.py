@@ -55,6 +55,6 @@ def monarch_reference(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> to
 
 def monarch_dense(w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
     """The dense ``(s * l, k * p)`` matrix M with ``monarch_reference(x) == x @ M.T``."""
-    n = w1.shape[0] * w1.shape[2]
+    n = w1.shape[0] * w1.shape[-1] if w1.dim() == 3 else 0  # monarch_shapes names a bad w1
     eye = torch.eye(n, dtype=w1.dtype, device=w1.device)
     return monarch_reference(eye, w1, w2).T
