@@ -172,6 +172,11 @@ class _Mesh:
     def _mailbox(self) -> Mailbox:
         if self._box is None:
             self._box = _local_mailbox()
+        if self._box.loop.is_closed():  # its controller went down; the workers went with it
+            raise _controller.ClusterError(
+                "this mesh's cluster is down: start one with %monarch up, then spawn again on "
+                "proc_mesh()"
+            )
         return self._box
 
     @property
@@ -284,10 +289,13 @@ class ProcMesh(_Mesh):
         fut = gather(mesh, [{**base, "pt": i, "r": m.rank} for i, m in targets], where, None)
         try:
             fut.get()
-        except (ActorError, SupervisionError):
+        except BaseException:  # a failed __init__, or Ctrl-C: no actor outlives its handle
             mesh.stop()
             raise
         self._mailbox.meshes[mesh_id] = mesh
+        spawner = context().actor_instance
+        if spawner.cluster_rank is not None:  # spawned by an actor: stopped when it stops
+            spawner._children.append(mesh)
         return mesh
 
     def __repr__(self) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 import cloudpickle
 
-from .actors_wire import Future, Pending, SupervisionError, decode_error
+from .actors_wire import ActorError, Future, Pending, SupervisionError, decode_error
 from .results import ValueMesh
 
 _EMPTY_ARGS = cloudpickle.dumps(((), {}), protocol=5)
@@ -78,10 +78,14 @@ class ActorEndpoint:
         return [{**base, "pt": i, "r": m.rank} for i, m in targets]
 
     def call(self, *args, **kwargs) -> Future:
-        """Every actor of the mesh; a Future of a ValueMesh keyed by cluster rank."""
-        msgs = self._messages(self._mesh._targets(), args, kwargs)
-        dims = self._mesh._dims
-        return gather(self._mesh, msgs, self._where, lambda raw: ValueMesh(raw, dims or None))
+        """Every actor of the mesh; a Future of a ValueMesh keyed by cluster rank, whose
+        ``item(gpus=i)`` is the i-th actor of this mesh (of a reversed slice, too)."""
+        targets = self._mesh._targets()
+        msgs = self._messages(targets, args, kwargs)
+        dims, order = self._mesh._dims, [m.rank for _, m in targets]
+        return gather(
+            self._mesh, msgs, self._where, lambda raw: ValueMesh(raw, dims or None, order)
+        )
 
     def call_one(self, *args, **kwargs) -> Future:
         """The only actor of a mesh of one (slice first); a Future of its value."""
@@ -110,17 +114,21 @@ class ActorEndpoint:
         """Every actor; yields one Future per actor, resolved in the order replies arrive."""
         mesh = self._mesh
         msgs = self._messages(mesh._targets(), args, kwargs)
+        hosts = {m.rank: m.host for m in mesh._members}
+
+        def decode(reply):
+            return _load(reply, hosts.get(reply["r"], "?"), self._where)
+
         futures = [
-            Future(f"{self._where} (reply {k + 1} of {len(msgs)})", cloudpickle.loads)
+            Future(f"{self._where} (reply {k + 1} of {len(msgs)})", decode)
             for k in range(len(msgs))
         ]
         arrived = itertools.count()
-        hosts = {m.rank: m.host for m in mesh._members}
 
         def on_reply(rank, reply):
             fut = futures[next(arrived)]
             if reply["ok"]:
-                fut._finish(raw=reply["v"])
+                fut._finish(raw=reply)
             else:
                 fut._finish(error=decode_error(reply, hosts.get(rank, "?"), self._where))
 
@@ -158,6 +166,18 @@ def _send(mesh, msgs: list[dict], on_reply, on_lost, key=None) -> None:
     )
 
 
+def _load(reply: dict, host: str, where: str) -> Any:
+    """The value of one reply. One that cannot be unpickled here (say, of a class only the
+    workers can import) is that rank's failure, named like any other."""
+    if reply["v"] is None:
+        return None
+    try:
+        return cloudpickle.loads(reply["v"])
+    except Exception as e:
+        evalue = f"the return value cannot be unpickled by the caller: {e}"
+        raise ActorError(reply["r"], host, type(e).__name__, evalue, [], where, e) from None
+
+
 def gather(mesh, msgs: list[dict], where: str, decode, key=None) -> Future:
     """A Future of every reply: ``decode({rank: value})``, or the first error by rank."""
     hosts = {m.rank: m.host for m in mesh._members}
@@ -171,9 +191,7 @@ def gather(mesh, msgs: list[dict], where: str, decode, key=None) -> Future:
         errors = [decode_error(r, hosts.get(k, "?"), where) for k, r in raw.items() if not r["ok"]]
         if errors:
             raise min(errors, key=lambda e: e.rank)
-        values = {
-            k: cloudpickle.loads(r["v"]) if r["v"] is not None else None for k, r in raw.items()
-        }
+        values = {k: _load(r, hosts.get(k, "?"), where) for k, r in sorted(raw.items())}
         return values if decode is None else decode(values)
 
     fut = Future(where, finish)  # decoded on the caller's thread, not the comm's event loop

@@ -64,6 +64,7 @@ class Instance:
         self.name = name
         self.rank = rank
         self.cluster_rank = cluster_rank
+        self._children: list = []  # actor meshes it spawned, stopped when it stops
 
     @property
     def actor_id(self) -> str:
@@ -137,6 +138,12 @@ def endpoint(method=None, **options):
     return EndpointProperty(method)
 
 
+# The public attributes of an actor mesh (``ActorMesh`` in actors.py; a test keeps the two in
+# step): ``mesh.stop`` is the mesh's own, so an endpoint of one of these names could never be
+# reached through the mesh.
+MESH_ATTRIBUTES = frozenset({"extent", "name", "size", "sizes", "slice", "stop"})
+
+
 class Actor:
     """Base class of everything ``mesh.spawn`` makes; endpoints are marked with ``@endpoint``."""
 
@@ -148,6 +155,12 @@ class Actor:
             for name in names
             if isinstance(inspect.getattr_static(cls, name), EndpointProperty)
         )
+        clash = ", ".join(repr(n) for n in sorted(cls._monarch_endpoints & MESH_ATTRIBUTES))
+        if clash:
+            raise TypeError(
+                f"{cls.__name__}: endpoints cannot be named {clash}, which actor meshes use for "
+                "their own attributes (mesh.stop() stops the mesh); rename the endpoint"
+            )
 
 
 def endpoints_of(cls: type) -> dict[str, EndpointProperty]:

@@ -173,7 +173,9 @@ def decode_error(reply: dict[str, Any], host: str, where: str) -> ActorError:
 class _Sources:
     """Where the code of spawned classes came from. cloudpickle sends functions defined in a
     notebook with their file name replaced by ``<dynamic-code>`` (line numbers are kept), so the
-    caller puts the file and the source line back into the remote traceback."""
+    caller puts the file and the source line back into the remote traceback. A frame names only
+    its function and line, so a class redefined in a later cell matches both versions: the spans
+    first seen most recently come first, as a redefinition is what runs from then on."""
 
     _FRAME = re.compile(r'^  File "<dynamic-code>", line (\d+), in (.+)$')
 
@@ -184,6 +186,7 @@ class _Sources:
         module = sys.modules.get(cls.__module__)
         values = [v for k in cls.__mro__ for v in vars(k).values()]
         values += list(vars(module).values()) if module is not None else []
+        new: dict[str, list[tuple[str, int, int]]] = {}  # the class's own before the module's
         for value in values:
             if isinstance(value, staticmethod | classmethod):
                 value = value.__func__
@@ -196,9 +199,11 @@ class _Sources:
                 continue
             last = max((line for _, _, line in code.co_lines() if line), default=0)
             span = (code.co_filename, code.co_firstlineno, last)
-            spans = self._spans.setdefault(code.co_name, [])
-            if span not in spans:
-                spans.append(span)
+            found = new.setdefault(code.co_name, [])
+            if span not in found and span not in self._spans.get(code.co_name, []):
+                found.append(span)
+        for name, found in new.items():
+            self._spans[name] = found + self._spans.get(name, [])
 
     def restore(self, lines: list[str]) -> list[str]:
         out = []

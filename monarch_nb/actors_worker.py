@@ -149,7 +149,6 @@ class ActorRunner:
             self.loop.call_soon_threadsafe(self._handle, channel, msg)
 
     def _main(self) -> None:
-        _use_rank_device(self.host.worker)
         asyncio.set_event_loop(self.loop)
         try:
             self.loop.run_forever()
@@ -159,6 +158,15 @@ class ActorRunner:
             with contextlib.suppress(Exception):
                 self.loop.run_until_complete(asyncio.sleep(0))
             self.loop.close()
+            self._stop_children()
+
+    def _stop_children(self) -> None:
+        """Meshes this actor spawned die with it, as its own would with a controller that went
+        away (no one else holds their handles)."""
+        children = self.instance._children if self.instance is not None else []
+        for mesh in children:
+            with contextlib.suppress(RuntimeError):  # this worker is shutting down
+                mesh.stop()
 
     def _handle(self, channel: Channel, msg: dict[str, Any]) -> None:
         op = msg["op"]
@@ -173,6 +181,7 @@ class ActorRunner:
 
     def _construct(self, channel: Channel, msg: dict[str, Any]) -> None:
         try:
+            _use_rank_device(self.host.worker)
             cls = cloudpickle.loads(msg["cls"])
             args, kwargs = cloudpickle.loads(msg["args"])
             self.endpoints = endpoints_of(cls)
@@ -254,10 +263,14 @@ def _plain_error(text: str) -> dict[str, Any]:
 
 
 def _use_rank_device(worker) -> None:
-    """CUDA's current device is per thread: give the actor's thread its rank's GPU."""
+    """CUDA's current device is per thread: give the actor's thread its rank's GPU. Called by
+    ``_construct``, so a failure is the spawn's error rather than a dead thread."""
     engine = worker.extensions.get("monarch")
     device = getattr(engine, "device_info", {}).get("torch", "cpu")
     if device.startswith("cuda"):
         import torch
 
-        torch.cuda.set_device(torch.device(device))
+        try:
+            torch.cuda.set_device(torch.device(device))
+        except Exception as e:
+            raise RuntimeError(f"cannot give this actor's thread {device}: {e}") from e

@@ -21,12 +21,19 @@ class ValueMesh:
 
     ``mesh.values()``, ``mesh.items()`` and ``mesh.item(rank)`` read it; iterating yields the
     values; ``dims`` names the mesh's shape (``{"ranks": N}`` unless a caller says otherwise) so
-    that ``mesh.item(hosts=0, gpus=1)`` also works.
+    that ``mesh.item(hosts=0, gpus=1)`` also works. ``order`` lists the ranks in row-major order of
+    ``dims`` when that is not rank order: position 0 of a reversed slice is its highest rank.
     """
 
-    def __init__(self, values: Mapping[int, Any], dims: Mapping[str, int] | None = None):
+    def __init__(
+        self,
+        values: Mapping[int, Any],
+        dims: Mapping[str, int] | None = None,
+        order: list[int] | None = None,
+    ):
         self._values = dict(sorted(values.items()))
         self.dims = dict(dims) if dims else {"ranks": len(self._values)}
+        self._order = list(order) if order is not None else list(self._values)
 
     @property
     def ranks(self) -> list[int]:
@@ -68,7 +75,7 @@ class ValueMesh:
                 raise IndexError(f"{name}={index} is out of range 0..{size - 1}")
             rank += index * stride
             stride *= size
-        return self.ranks[rank] if math.prod(self.dims.values()) == len(self._values) else rank
+        return self._order[rank] if math.prod(self.dims.values()) == len(self._order) else rank
 
     def __getitem__(self, rank: int) -> Any:
         return self.item(rank)
@@ -81,7 +88,8 @@ class ValueMesh:
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, ValueMesh):
-            return self._values == other._values and self.dims == other.dims
+            same = self._values == other._values and self.dims == other.dims
+            return same and self._order == other._order
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]

@@ -8,6 +8,7 @@ import threading
 import time
 
 from monarch_nb.actors import Actor, context, current_rank, current_size, endpoint
+from monarch_nb.actors_worker import current_host
 
 
 def divide(x):
@@ -74,6 +75,10 @@ class Counter(Actor):
     def generator(self):
         return (i for i in range(3))
 
+    @endpoint
+    def worker_only(self):
+        return WorkerOnly()
+
     def helper(self):
         return "not an endpoint"
 
@@ -133,5 +138,46 @@ class Pinger(Actor):
         return self._other(peers).pong.call_one(0).get(timeout=10)
 
 
+class Slow(Actor):
+    def __init__(self, seconds):
+        if context().actor_instance.cluster_rank == 1:
+            time.sleep(seconds)
+
+
+class Parent(Actor):
+    """Spawns a mesh of its own: a Counter on its own rank."""
+
+    def __init__(self, procs):
+        me = context().actor_instance.rank["gpus"]
+        self.kids = procs.slice(gpus=slice(me, me + 1)).spawn("kids", Counter)
+
+
 class NotAnActor:
     pass
+
+
+class WorkerOnly:
+    """Pickles on a worker, but cannot be unpickled on the controller."""
+
+    def __reduce__(self):
+        return _rebuild_on_a_worker, ()
+
+
+def _rebuild_on_a_worker():
+    if current_host() is None:
+        raise ValueError("only a worker can rebuild this")
+    return WorkerOnly()
+
+
+def actors_here() -> list[str]:
+    """For ``client.run``: the names of the actors living in this worker process."""
+    host = current_host()
+    return sorted(runner.name for runner in host.actors.values()) if host else []
+
+
+def set_torch_device(device, dask_worker=None):
+    """For ``client.run``: the device this worker's actors are given; returns the old one."""
+    info = dask_worker.extensions["monarch"].device_info
+    old = info.get("torch")
+    info["torch"] = device
+    return old

@@ -13,7 +13,7 @@ import cloudpickle
 import pytest
 
 import monarch_nb
-from monarch_nb import actors
+from monarch_nb import actors, actors_context
 from monarch_nb import controller as controller_module
 from monarch_nb.actors import ActorError, SupervisionError
 from monarch_nb.results import ValueMesh
@@ -69,6 +69,16 @@ def test_call_one_and_slicing(counters):
     assert counters.slice(gpus=-2).incr.call_one(0).get(timeout=10) == 10
     assert counters.slice(gpus=slice(0, 2)).incr.call().get(timeout=10).values() == [11, 12]
     assert counters.slice(gpus=slice(None, None, -1)).where.call().get(timeout=10).ranks == [0, 1]
+
+
+def test_a_reversed_slice_is_indexed_by_its_own_positions(counters):
+    where = counters.slice(gpus=slice(None, None, -1)).where.call().get(timeout=10)
+    assert [where.item(gpus=g)["cluster_rank"] for g in (0, 1)] == [1, 0]
+    for g in (0, 1):  # the point each actor was sent is the point it is read back at
+        assert where.item(hosts=0, gpus=g)["point"] == {"hosts": 0, "gpus": g}
+    assert where.ranks == [0, 1]  # still keyed by cluster rank
+    permuted = ValueMesh({0: "a", 1: "b", 2: "c", 3: "d"}, {"x": 2, "y": 2}, order=[3, 1, 2, 0])
+    assert [permuted.item(x=x, y=y) for x in (0, 1) for y in (0, 1)] == ["d", "b", "c", "a"]
 
 
 def test_choose_picks_the_least_busy_actor(counters):
@@ -174,14 +184,63 @@ def test_errors_carry_rank_remote_traceback_and_the_exception(counters):
     assert counters.fail.call(2).get(timeout=10).values() == [0.5, 0.5]  # the actor lives on
 
 
+def test_a_class_redefined_in_a_later_cell_shows_its_new_source(mesh, tmp_path):
+    spawned = []
+    for version, body in (("old", "return 1 / x"), ("new", "return [][x]")):
+        cell = tmp_path / f"cell_{version}.py"  # a notebook cell: same names, same lines
+        cell.write_text(
+            f"class Fragile(Actor):\n    @endpoint\n    def boom(self, x):\n        {body}\n"
+        )
+        ns = {"__name__": "notebook_cell", "Actor": actors.Actor, "endpoint": actors.endpoint}
+        exec(compile(cell.read_text(), str(cell), "exec"), ns)
+        spawned.append(mesh.slice(gpus=0).spawn(f"fragile_{version}", ns["Fragile"]))
+    try:
+        with pytest.raises(ActorError) as e:
+            spawned[1].boom.call_one(0).get(timeout=10)
+        assert f'  File "{cell}", line 4, in boom' in e.value.traceback  # the last cell
+        assert "    return [][x]" in e.value.traceback
+    finally:
+        for fragile in spawned:
+            fragile.stop().get(timeout=10)
+
+
 def test_an_unpicklable_return_value_is_an_error_saying_why(counters):
     with pytest.raises(ActorError, match=r"return value \(generator\) cannot be pickled"):
         counters.generator.call().get(timeout=10)
 
 
+def test_a_return_value_the_caller_cannot_unpickle_names_its_rank(counters):
+    with pytest.raises(ActorError) as e:
+        counters.worker_only.call().get(timeout=10)
+    assert str(e.value) == (
+        "Counter.worker_only failed on rank 0: ValueError: the return value cannot be unpickled "
+        "by the caller: only a worker can rebuild this"
+    )
+    assert isinstance(e.value.exception, ValueError)
+    errors = [f.exception(timeout=10) for f in counters.worker_only.stream()]
+    assert sorted(err.rank for err in errors) == [0, 1]
+    assert all(isinstance(err, ActorError) for err in errors)
+
+
 def test_init_errors_are_reported_with_their_rank(mesh):
     with pytest.raises(ActorError, match=r"Broken.__init__ failed on rank 1: ValueError: no acc"):
         mesh.spawn("broken", helpers.Broken, 1)
+
+
+def test_a_rank_device_that_cannot_be_set_is_a_spawn_error(ctl, mesh):
+    rank1 = [ctl.ranks[1].address]
+    # torch.device() refuses this name with or without a GPU (CPU torch ignores set_device)
+    old = ctl.client.run(helpers.set_torch_device, "cuda:nonesuch", workers=rank1)[rank1[0]]
+    try:
+        with pytest.raises(ActorError) as e:
+            mesh.spawn("nodevice", helpers.Counter)
+        assert e.value.args[0] == (
+            "Counter.__init__ failed on rank 1: RuntimeError: cannot give this actor's thread "
+            "cuda:nonesuch: Invalid device string: 'cuda:nonesuch'"
+        )
+    finally:
+        ctl.client.run(helpers.set_torch_device, old, workers=rank1)
+    assert "nodevice" not in actors_running(ctl)
 
 
 def test_get_timeout(counters):
@@ -198,6 +257,36 @@ def test_stopped_actors_answer_with_an_error(mesh):
         ActorError, match=r"Counter\.incr: no such actor here \(its mesh was stopped\)"
     ):
         gone.incr.call().get(timeout=10)
+
+
+# -- lifetimes: no actor outlives every handle to it -----------------------------------------------
+def actors_running(ctl) -> list[str]:
+    """The names of the actors living on the shared cluster's workers."""
+    return sorted(name for names in ctl.client.run(helpers.actors_here).values() for name in names)
+
+
+def wait_for(check, timeout=10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_ctrl_c_during_spawn_stops_the_actors(ctl, mesh):
+    main = threading.main_thread().ident
+    threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        mesh.spawn("slow", helpers.Slow, 1.5)  # rank 1 is still in __init__ when interrupted
+    assert wait_for(lambda: "slow" not in actors_running(ctl))
+
+
+def test_stopping_an_actor_stops_the_meshes_it_spawned(ctl, mesh):
+    parents = mesh.spawn("parents", helpers.Parent, mesh)
+    assert actors_running(ctl).count("kids") == 2
+    parents.stop().get(timeout=10)
+    assert wait_for(lambda: "kids" not in actors_running(ctl))
 
 
 # -- bad input: one clear line each ----------------------------------------------------------------
@@ -274,6 +363,25 @@ def test_proc_mesh_without_a_cluster(ctl):
         controller_module._set_current(ctl)
 
 
+def test_an_endpoint_named_like_a_mesh_attribute_is_refused(counters):
+    with pytest.raises(TypeError) as e:
+
+        class Clashing(actors.Actor):
+            @actors.endpoint
+            def stop(self):
+                pass
+
+            @actors.endpoint
+            def size(self):
+                pass
+
+    assert one_line(e) == (
+        "Clashing: endpoints cannot be named 'size', 'stop', which actor meshes use for their "
+        "own attributes (mesh.stop() stops the mesh); rename the endpoint"
+    )
+    assert {n for n in dir(counters) if not n.startswith("_")} == actors_context.MESH_ATTRIBUTES
+
+
 def test_endpoint_takes_no_options():
     with pytest.raises(TypeError, match="takes no options"):
         actors.endpoint(propagate="cached")
@@ -340,6 +448,20 @@ def test_a_worker_killed_mid_call_raises_supervision_error(own_cluster, cell):
     assert fresh.incr.call().get(timeout=30).values() == [6, 6]
     with pytest.raises(SupervisionError):
         victims.incr.call().get(timeout=10)
+
+
+def test_a_mesh_used_after_its_cluster_is_down_says_so(own_cluster):
+    procs = actors.proc_mesh(own_cluster)
+    counters = procs.spawn("counters", helpers.Counter)
+    own_cluster.down()
+    uses = [counters.incr.call, counters.incr.broadcast, counters.stop]
+    for use in [*uses, lambda: procs.spawn("again", helpers.Counter)]:
+        with pytest.raises(monarch_nb.ClusterError) as e:
+            use()
+        assert one_line(e) == (
+            "this mesh's cluster is down: start one with %monarch up, then spawn again on "
+            "proc_mesh()"
+        )
 
 
 # -- the notebook ----------------------------------------------------------------------------------
