@@ -105,6 +105,7 @@ class Outbox:
         self._queue: collections.deque[tuple] = collections.deque()
         self._events: list[dict[str, Any]] = []
         self._partial: dict[tuple[str, str], str] = {}
+        self._cut: set[tuple[str, str]] = set()  # a partial line went out; its newline is no line
         self._progress_dirty = False
         self._last_progress = 0.0
         self._scheduled = False
@@ -136,10 +137,16 @@ class Outbox:
             buf = self._partial.get(key, "") + s
             if "\n" in buf:
                 *lines, buf = buf.split("\n")
-                self._add_lines(cell_id, name, [_last_segment(line) for line in lines])
+                if key in self._cut:
+                    self._cut.discard(key)
+                    if not lines[0]:  # the newline that ends a line already sent
+                        lines.pop(0)
+                if lines:
+                    self._add_lines(cell_id, name, [_last_segment(line) for line in lines])
             if len(buf) > MAX_PARTIAL:
                 self._add_lines(cell_id, name, [_last_segment(buf)])
                 buf = ""
+                self._cut.add(key)
             self._partial[key] = buf
             if buf:
                 self._progress_dirty = True
@@ -157,6 +164,7 @@ class Outbox:
         with self._lock:
             self._absorb_locked()
             for name in ("stdout", "stderr"):
+                self._cut.discard((cell_id, name))
                 rest = self._partial.pop((cell_id, name), "")
                 if rest:
                     self._add_lines(cell_id, name, [_last_segment(rest)])

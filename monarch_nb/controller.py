@@ -311,7 +311,29 @@ class Controller:
             with contextlib.suppress(KeyboardInterrupt, TimeoutError):
                 flush = time.monotonic() + INTERRUPT_FLUSH
                 gathering.gather(req, renderer, flush, outcomes, stop, quiet=INTERRUPT_GRACE)
+            self._cancelled_in_queue(req, outcomes)
         return outcomes, (reason, running)
+
+    def _cancelled_in_queue(self, req: Request, outcomes: dict[int, dict]) -> None:
+        """A rank still silent after the interrupt may never have started ``req``: it waits
+        behind an earlier cell (a ``--noblock`` one), and the interrupt told it to drop ``req``
+        when it comes to it. Ask the ranks what they run, so that those are not reported as
+        stuck in a C call."""
+        silent = [r for r in req.ranks if r not in outcomes]
+        if not silent:
+            return
+        asked = self._submit("info", silent, {"op": "info"})
+        answers: dict[int, dict] = {}
+        with contextlib.suppress(KeyboardInterrupt, TimeoutError):
+            gathering.gather(asked, Renderer(silent), time.monotonic() + 2, answers)
+        for rank, ev in answers.items():
+            if ev["status"] == "ok" and ev["info"]["current"] != req.id:
+                outcomes[rank] = {
+                    "ev": "done",
+                    "status": "cancelled",
+                    "why": "queued behind an earlier cell that is still running; "
+                    "cancelled before it started",
+                }
 
     def _send_interrupt(self, ranks: Iterable[int], target: str | None = None) -> None:
         for rank in ranks:
@@ -346,9 +368,10 @@ class Controller:
         busy = self._router.busy()
         waiting = sorted(set(busy) & set(ranks))
         if waiting and block and not quiet:
+            are, them = ("is", "it") if len(waiting) == 1 else ("are", "them")
             print(
-                f"{format_ranks(waiting)} are busy with an earlier cell; this cell waits for "
-                "them (interrupt to cancel it)",
+                f"{format_ranks(waiting)} {are} busy with an earlier cell; this cell waits for "
+                f"{them} (interrupt to cancel it)",
                 file=sys.stderr,
             )
         req = self._submit(
@@ -393,7 +416,12 @@ class Controller:
         self.call(remote.push, payload, targets=targets)
 
     def pull(self, names: str | list[str], targets=None) -> ValueMesh:
-        """The value of ``names`` (one name, or a list for tuples) on every targeted rank."""
+        """The value of ``names`` (one name, or a list for tuples) on every targeted rank.
+
+        A value that cannot be pickled on its rank, or unpickled here, fails the whole pull
+        with a ValueError naming it and the ranks, as ipyparallel's pull fails: a pull that
+        handed back stand-ins for some names would let ``a, b = pull(...)`` carry one into
+        the notebook's code unnoticed. Pull the other names on their own."""
         many = not isinstance(names, str)
         keys = list(names) if many else [names]
         try:
@@ -404,10 +432,28 @@ class Controller:
                 what = ", ".join(sorted({err.evalue.split("'")[1] for err in e.errors.values()}))
                 raise NameError(f"{what} is not defined on {format_ranks(missing)}") from None
             raise
-        return ValueMesh({r: tuple(v) if many else v[0] for r, v in mesh.items()})
+        rows: dict[int, list[Any]] = {}
+        failed: dict[tuple[str, str], list[int]] = {}  # (name, why) -> ranks
+        for rank, blobs in mesh.items():
+            rows[rank] = []
+            for name, blob in zip(keys, blobs, strict=True):
+                if isinstance(blob, str):  # why it could not be pickled on the rank
+                    failed.setdefault((name, blob), []).append(rank)
+                    continue
+                try:
+                    rows[rank].append(cloudpickle.loads(blob))
+                except Exception as e:
+                    why = f"it cannot be unpickled here ({type(e).__name__}: {e})"
+                    failed.setdefault((name, why), []).append(rank)
+        if failed:
+            (name, why), ranks = next(iter(failed.items()))
+            raise ValueError(f"cannot pull {name!r} from {format_ranks(ranks)}: {why}")
+        return ValueMesh({r: tuple(row) if many else row[0] for r, row in rows.items()})
 
     def scatter(self, name: str, sequence, targets=None) -> None:
         """Split ``sequence`` into contiguous chunks, one per targeted rank, in rank order."""
+        if not name.isidentifier():
+            raise ValueError(f"cannot scatter to {name!r}: not a valid Python name")
         ranks = self.targets(targets)
         try:
             n = len(sequence)
@@ -419,8 +465,11 @@ class Controller:
         bounds = [n * i // len(ranks) for i in range(len(ranks) + 1)]
         chunks = {}
         for i, rank in enumerate(ranks):
+            chunk = sequence[bounds[i] : bounds[i + 1]]
+            if type(chunk).__module__.split(".")[0] == "torch":
+                chunk = chunk.clone()  # a slice is a view, and a view pickles its whole storage
             try:
-                chunks[rank] = ({name: cloudpickle.dumps(sequence[bounds[i] : bounds[i + 1]])},)
+                chunks[rank] = ({name: cloudpickle.dumps(chunk)},)
             except Exception as e:
                 raise ValueError(
                     f"cannot scatter {name!r}: its chunks cannot be pickled ({e})"
@@ -429,8 +478,17 @@ class Controller:
 
     def gather(self, name: str, targets=None):
         """The rank values of ``name`` joined in rank order (lists, tuples, strings, tensors and
-        arrays are concatenated; anything else comes back as a list)."""
-        return remote.concat(self.pull(name, targets).values())
+        arrays are concatenated, 0-d tensors and arrays stacked; anything else comes back as a
+        list). Values that do not join (shapes, types) raise a one-line ValueError."""
+        values = self.pull(name, targets).values()
+        try:
+            return remote.concat(values)
+        except Exception as e:
+            kinds = ", ".join(sorted({type(v).__name__ for v in values}))
+            why = (str(e) or type(e).__name__).splitlines()[0]
+            raise ValueError(
+                f"cannot gather {name!r}: the ranks' values ({kinds}) do not join: {why}"
+            ) from None
 
     def interrupt(self, targets=None) -> list[int]:
         """Raise KeyboardInterrupt in whatever cell the targeted ranks are running."""

@@ -13,15 +13,18 @@ import ast
 import asyncio
 import builtins
 import collections
+import contextlib
 import ctypes
 import inspect
 import linecache
 import os
 import platform
 import socket
+import sys
 import threading
 import time
 import traceback
+import types
 from typing import Any
 
 import cloudpickle
@@ -40,6 +43,12 @@ MAX_CANCELLED = 1024  # ids of interrupted-before-they-ran requests remembered
 
 _engine: Engine | None = None  # the engine of this worker process, once it has one
 
+# The namespaces of the cells running in this process, latest last, and the __main__ they stand
+# in for (see Engine.as_main).
+_mains: list[types.ModuleType] = []
+_mains_lock = threading.Lock()
+_saved_main: types.ModuleType | None = None
+
 
 def get_engine() -> Engine | None:
     """The engine of the worker process this code runs in (a cell, an actor, a task), or None
@@ -56,7 +65,11 @@ class Engine:
         self.host = socket.gethostname()
         self.identity: dict[str, Any] = {}
         self.device_info: dict[str, Any] = {}
-        self.namespace: dict[str, Any] = {}
+        # The namespace is a module's __dict__, as IPython's is: ``as_main`` makes the module
+        # ``__main__`` while a cell runs, so pickle finds the classes the cells define.
+        self.main = types.ModuleType("__main__")
+        self.namespace: dict[str, Any] = self.main.__dict__
+        self.namespace.clear()  # empty until setup fills it
         self.wire = Wire(_listen_host(worker), _ssl_context(worker))
         self._lock = threading.Lock()
         self._current: str | None = None
@@ -198,13 +211,13 @@ class Engine:
         flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
         body = compile(tree, filename, "exec", flags=flags)
         expr = compile(ast.Expression(last.value), filename, "eval", flags=flags) if last else None
-        silent = code.rstrip().endswith(";")
+        silent = _ends_in_semicolon(code)
 
         def run():
             self._eval(body)
             return self._eval(expr) if expr is not None else None
 
-        with capturing(channel.outbox, msg["id"]):
+        with capturing(channel.outbox, msg["id"]), self.as_main():
             ok, value = self._run_user(run)
         channel.outbox.end_cell(msg["id"])
         if not ok:
@@ -212,6 +225,27 @@ class Engine:
         if expr is None or silent:
             return {"status": "ok"}
         return {"status": "ok", **_pack(value)}
+
+    @contextlib.contextmanager
+    def as_main(self):
+        """This namespace as ``sys.modules["__main__"]`` while a cell runs, as IPython makes its
+        own: ``pickle.dumps`` (and torch.save, multiprocessing) of a class defined in a cell
+        looks the class up there. Only while a cell runs, not for good: a worker can share its
+        process with the notebook (a threads-only cluster) or with other engines, and their
+        ``__main__`` must come back. Several running at once: the latest started is __main__,
+        and when it ends the one before it again."""
+        global _saved_main
+        with _mains_lock:
+            if not _mains:
+                _saved_main = sys.modules.get("__main__")
+            _mains.append(self.main)
+            sys.modules["__main__"] = self.main
+        try:
+            yield
+        finally:
+            with _mains_lock:
+                _mains.remove(self.main)
+                sys.modules["__main__"] = _mains[-1] if _mains else _saved_main
 
     def _eval(self, code):
         result = eval(code, self.namespace)
@@ -253,7 +287,9 @@ class Engine:
 
     def reset_namespace(self) -> None:
         self.namespace.clear()
-        self.namespace.update({"__name__": "__main__", "__builtins__": builtins})
+        # a fresh module's __name__, __spec__... (multiprocessing reads __main__.__spec__)
+        self.namespace.update(vars(types.ModuleType("__main__")))
+        self.namespace["__builtins__"] = builtins
         self.namespace.update(self._identity_names())
 
     def _format_error(self, exc: BaseException) -> dict[str, Any]:
@@ -279,6 +315,14 @@ def _ssl_context(worker):
     if not worker.address.startswith("tls://"):
         return None
     return worker.security.get_listen_args("worker").get("ssl_context")
+
+
+def _ends_in_semicolon(code: str) -> bool:
+    """Whether the cell's value is hidden: its last token is ``;``, a comment may follow
+    (``rank;  # hide``), as IPython decides."""
+    from IPython.core.displayhook import DisplayHook
+
+    return DisplayHook.semicolon_at_end_of_expression(code)
 
 
 def _plain_error(text: str) -> dict[str, Any]:

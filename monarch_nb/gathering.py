@@ -103,12 +103,13 @@ def settle(
         raise CellError(errors, ValueMesh(values), ranks)
     reason, running = stopped
     if reason == "timeout":
+        were = "was" if len(running) == 1 else "were"
         raise CellTimeout(
             errors,
             ValueMesh(values),
             ranks,
             f"the cell ran past --timeout {timeout:g} s; {format_ranks(running)} "
-            "were still running and were interrupted",
+            f"{were} still running and {were} interrupted",
         )
     raise CellError(errors, ValueMesh(values), ranks, f"interrupted {format_ranks(running)}")
 
@@ -147,6 +148,6 @@ def why(ev: dict[str, Any]) -> str:
     if ev["status"] == "lost":
         return f"the worker is gone: {ev.get('why', 'connection lost')}"
     if ev["status"] == "cancelled":
-        return "cancelled before it started"
+        return ev.get("why", "cancelled before it started")
     err = ev.get("error") or {}
     return f"{err.get('ename')}: {err.get('evalue')}"

@@ -8,15 +8,18 @@ import ast
 import contextlib
 import io
 import os
+import re
 import sys
 import tokenize
 from typing import Any
 
+from IPython.core.displayhook import DisplayHook
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import (
     MagicArgumentParser,
     argument,
+    kwds,
     magic_arguments,
     parse_argstring,
 )
@@ -53,8 +56,14 @@ def _device(d: dict[str, Any]) -> str:
 
 
 class _Parser(MagicArgumentParser):
-    """IPython's parser, with an unbalanced quote reported as a UsageError (shlex raises
-    ValueError) like every other mistake in the arguments."""
+    """IPython's parser with ``-h/--help`` (IPython leaves it out) in argparse's plain layout
+    (IPython's is reStructuredText for docstrings: a ``::`` line and a second ``%``), and an
+    unbalanced quote reported as a UsageError (shlex raises ValueError) like every other
+    mistake in the arguments. ``commands`` lists the sub-commands once they are added."""
+
+    def __init__(self, *args, add_help=True, formatter_class=argparse.HelpFormatter, **kwargs):
+        super().__init__(*args, add_help=add_help, formatter_class=formatter_class, **kwargs)
+        self.commands: list[str] = []
 
     def parse_argstring(self, argstring):
         try:
@@ -63,17 +72,17 @@ class _Parser(MagicArgumentParser):
             raise UsageError(f"cannot read the arguments {argstring.strip()!r}: {e}") from None
 
 
-def _line_parser() -> MagicArgumentParser:
+def _line_parser() -> _Parser:
     parser = _Parser(
-        prog="%monarch",
-        add_help=True,
-        description="Control the cluster (see %monarch? for examples).",
+        prog="%monarch", description="Control the cluster (see %monarch? for examples)."
     )
-    sub = parser.add_subparsers(dest="command", parser_class=MagicArgumentParser, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
     p = sub.add_parser("up", help="start a local cluster: one worker per GPU, or 2 CPU workers")
-    p.add_argument("--workers", "-n", type=int, default=None)
+    p.add_argument(
+        "--workers", "-n", type=int, default=None, metavar="N", help="default: one per GPU, else 2"
+    )
     p.add_argument("--cpu", action="store_true", help="CPU workers even where GPUs are visible")
-    p.add_argument("--threads", type=int, default=1, help="threads per worker")
+    p.add_argument("--threads", type=int, default=1, metavar="T", help="threads per worker")
     p.add_argument(
         "--tls", action="store_true", help="TLS on every Dask comm, with temporary certificates"
     )
@@ -82,8 +91,10 @@ def _line_parser() -> MagicArgumentParser:
     p.add_argument("address", nargs="?")
     p.add_argument("--scheduler-file")
     p.add_argument("--cluster", metavar="MODULE:FACTORY")
-    p.add_argument("--timeout", type=float, default=8)
-    p.add_argument("--workers", "-n", type=int, default=None, help="wait for this many workers")
+    p.add_argument("--timeout", type=_seconds, default=8, metavar="S")
+    p.add_argument(
+        "--workers", "-n", type=int, default=None, metavar="N", help="wait for this many workers"
+    )
     p.add_argument(
         "--tls",
         action="store_true",
@@ -113,18 +124,19 @@ def _line_parser() -> MagicArgumentParser:
     p = sub.add_parser("interrupt", help="interrupt the running cell on the ranks")
     _targets(p)
     p = sub.add_parser("push", help="copy names (a) or expressions (b=expr) to the ranks")
-    p.add_argument("items", nargs="+")
+    p.add_argument("items", nargs="+", metavar="NAME[=EXPR]")
     _targets(p)
-    p = sub.add_parser("pull", help="a ValueMesh of a name on every rank")
-    p.add_argument("names", nargs="+")
+    p = sub.add_parser("pull", help="a ValueMesh of a name (a tuple for several) on every rank")
+    p.add_argument("names", nargs="+", metavar="NAME")
     _targets(p)
     p = sub.add_parser("scatter", help="split a sequence across the ranks")
-    p.add_argument("name")
-    p.add_argument("sequence", nargs="+")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("sequence", nargs="+", metavar="SEQUENCE", help="a Python expression")
     _targets(p)
     p = sub.add_parser("gather", help="join a name's values from the ranks in rank order")
-    p.add_argument("name")
+    p.add_argument("name", metavar="NAME")
     _targets(p)
+    parser.commands = list(sub.choices)
     return parser
 
 
@@ -135,11 +147,24 @@ def _dist(parser) -> None:
         action="store_false",
         help="do not form a torch.distributed process group",
     )
-    parser.add_argument("--backend", default=None, help="nccl (RCCL on ROCm) or gloo")
+    parser.add_argument("--backend", default=None, metavar="B", help="nccl (RCCL on ROCm) or gloo")
+
+
+def _seconds(text: str) -> float:
+    """A --timeout: a number of seconds above 0 (0 would give up before the ranks could start)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not value > 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value
 
 
 def _targets(parser) -> None:
-    parser.add_argument("--targets", "-t", default=None, help="all, 0, 0,2, 1:3 or ::2")
+    parser.add_argument(
+        "--targets", "-t", default=None, metavar="SPEC", help="ranks: all, 0, 0,2, 1:3 or ::2"
+    )
 
 
 def split_items(text: str) -> str:
@@ -194,7 +219,8 @@ class MonarchMagics(Magics):
         dash = ""
         with contextlib.suppress(Exception):
             dash = f" (dashboard {ctl.client.dashboard_link})"
-        print(f"monarch-nb: {verb} {ctl.world_size} ranks at {ctl.scheduler_address}{dash}")
+        ranks = "1 rank" if ctl.world_size == 1 else f"{ctl.world_size} ranks"
+        print(f"monarch-nb: {verb} {ranks} at {ctl.scheduler_address}{dash}")
         print(format_table(rows, ["rank", "host", "pid", "device"]))
         if ctl.dist_backend:
             print(f"torch.distributed: {ctl.dist_backend} process group over all ranks")
@@ -216,11 +242,12 @@ class MonarchMagics(Magics):
             In [5]: %monarch status
             In [6]: %monarch down
 
-        Commands: up, connect, status, down, restart, reset, push, pull, scatter, gather,
-        run, auto, metrics, interrupt (``%monarch COMMAND -h`` shows each one's options).
+        Commands: up, connect, run, status, down, restart, auto, metrics, dashboard, plot,
+        reset, interrupt, push, pull, scatter, gather (``%monarch -h`` says what each does,
+        ``%monarch COMMAND -h`` shows its options).
 
         Cell magic (``%%monarch [--targets SPEC] [--noblock] [--out NAME] [--no-stream]
-        [--no-collapse] [--timeout S]``)::
+        [--no-collapse] [--timeout S]``; ``%%monarch -h`` explains them)::
 
             In [7]: %%monarch
                ...: import torch
@@ -237,16 +264,20 @@ class MonarchMagics(Magics):
 
     def _line(self, line: str):
         if not line.strip():
+            *most, last = self.parser.commands
             raise UsageError(
-                "%monarch needs a command: up, connect, status, down, restart, reset, "
-                "push, pull, scatter, gather, run, auto, metrics or interrupt"
+                f"%monarch needs a command: {', '.join(most)} or {last} "
+                "(%monarch -h says what each does)"
             )
         head, _, rest = line.strip().partition(" ")
-        if head == "push":
-            # push takes Python expressions; argparse would split them on their spaces.
+        # push and scatter take Python expressions, which argparse would split on their spaces;
+        # only their help comes from the parser.
+        if head in ("push", "scatter") and not {"-h", "--help"}.isdisjoint(rest.split()):
+            line = f"{head} -h"
+        elif head == "push":
             targets, rest = _pop_targets(rest)
             return self._push(rest, targets)
-        if head == "scatter":
+        elif head == "scatter":
             targets, rest = _pop_targets(rest)
             name, _, expr = rest.strip().partition(" ")
             if not name or not expr.strip():
@@ -434,6 +465,8 @@ class MonarchMagics(Magics):
             args = parse_argstring(self._cell_args, line)
         except ValueError as e:  # an unbalanced quote
             raise UsageError(f"cannot read the arguments {line.strip()!r}: {e}") from None
+        except SystemExit:  # -h printed the help; the cell does not run
+            return None
         ctl = self._ctl()
         try:
             tree = ast.parse(cell, "<cell>")
@@ -446,7 +479,7 @@ class MonarchMagics(Magics):
         has_value = (
             bool(tree.body)
             and isinstance(tree.body[-1], ast.Expr)
-            and not cell.rstrip().endswith(";")
+            and not DisplayHook.semicolon_at_end_of_expression(cell)  # `x;  # hidden` too
         )
         block = True if args.block is None else args.block
         watch = CellWatch(ctl, block) if args.panel is not False else None
@@ -477,8 +510,11 @@ class MonarchMagics(Magics):
             return None
         return result
 
-    @magic_arguments()
-    @argument("--targets", "-t", default=None, help="ranks: all, 0, 0,2, 1:3 or ::2")
+    @magic_arguments("%%monarch")
+    @kwds(add_help=True, formatter_class=argparse.HelpFormatter)
+    @argument(
+        "--targets", "-t", default=None, metavar="SPEC", help="ranks: all, 0, 0,2, 1:3 or ::2"
+    )
     @argument(
         "--block",
         dest="block",
@@ -492,7 +528,13 @@ class MonarchMagics(Magics):
         action="store_false",
         help="return a handle at once; output still streams",
     )
-    @argument("--out", "-o", default=None, help="also store the ValueMesh (or handle) as NAME")
+    @argument(
+        "--out",
+        "-o",
+        default=None,
+        metavar="NAME",
+        help="also store the ValueMesh (or handle) as NAME",
+    )
     @argument(
         "--stream",
         dest="stream",
@@ -521,8 +563,9 @@ class MonarchMagics(Magics):
     )
     @argument(
         "--timeout",
-        type=float,
+        type=_seconds,
         default=None,
+        metavar="S",
         help="interrupt the ranks still running after S seconds",
     )
     @argument(
@@ -534,21 +577,26 @@ class MonarchMagics(Magics):
     )
     @argument("--no-panel", dest="panel", action="store_false", help="no live panel")
     def _cell_args(self, line):
-        """%%monarch options."""
+        """Run the cell on every targeted rank (see %monarch? for examples)."""
+
+
+# --targets SPEC, -t SPEC or --targets=SPEC as whole words; a quoted string is matched whole
+# (and skipped) so that a flag-like word inside one stays part of the expression.
+_TARGETS_FLAG = re.compile(
+    r"""'(?:\\.|[^'\\])*'|"(?:\\.|[^"\\])*"|"""
+    r"(?<!\S)(?P<flag>--targets|-t)(?:=(?P<eq>\S*)|\s+(?P<spec>\S+))?(?!\S)"
+)
 
 
 def _pop_targets(text: str) -> tuple[str | None, str]:
-    words = text.split()
-    for flag in ("--targets", "-t"):
-        if flag in words:
-            i = words.index(flag)
-            if i + 1 >= len(words):
-                raise UsageError(f"{flag} needs a value: all, 0, 0,2, 1:3 or ::2")
-            spec = words[i + 1]
-            return spec, " ".join(words[:i] + words[i + 2 :])
-        for w in words:
-            if w.startswith(flag + "="):
-                return w.split("=", 1)[1], " ".join(x for x in words if x is not w)
+    """The --targets value of push/scatter arguments, and the text without the flag: its span
+    is cut out, so the expressions keep their own spacing (``s='a    b'``)."""
+    for m in _TARGETS_FLAG.finditer(text):
+        if m["flag"]:
+            spec = m["spec"] if m["eq"] is None else m["eq"]
+            if not spec:
+                raise UsageError(f"{m['flag']} needs a value: all, 0, 0,2, 1:3 or ::2")
+            return spec, text[: m.start()] + text[m.end() :]
     return None, text
 
 

@@ -13,11 +13,20 @@ def push(engine, payload: dict[str, bytes]) -> None:
         engine.namespace[name] = cloudpickle.loads(blob)
 
 
-def pull(engine, names: list[str]) -> list[Any]:
+def pull(engine, names: list[str]) -> list[bytes | str]:
+    """Each value pickled on its own, or why it cannot be: the controller can then name the value
+    that cannot travel, where one pickling error for them all would not say which."""
     missing = [n for n in names if n not in engine.namespace]
     if missing:
         raise NameError(f"name {missing[0]!r} is not defined")
-    return [engine.namespace[n] for n in names]
+    out: list[bytes | str] = []
+    for name in names:
+        value = engine.namespace[name]
+        try:
+            out.append(cloudpickle.dumps(value, protocol=5))
+        except Exception as e:
+            out.append(f"{type(value).__name__} cannot be pickled ({e})")
+    return out
 
 
 def reset(engine) -> int:
@@ -38,12 +47,12 @@ def concat(values: list[Any]) -> Any:
     if isinstance(first, str):
         return "".join(values)
     mod = type(first).__module__.split(".")[0]
-    if mod == "torch":
+    if mod == "torch":  # 0-d values (a loss, say) are stacked: there is no axis to join along
         import torch
 
-        return torch.cat(values)
-    if mod == "numpy":
+        return torch.stack(values) if first.dim() == 0 else torch.cat(values)
+    if mod == "numpy":  # numpy scalars (np.float64) are 0-d as well
         import numpy
 
-        return numpy.concatenate(values)
+        return numpy.stack(values) if numpy.ndim(first) == 0 else numpy.concatenate(values)
     return list(values)

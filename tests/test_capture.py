@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 
-from monarch_nb.capture import Outbox
+from monarch_nb.capture import MAX_PARTIAL, Outbox
 
 PRINTS = 20_000
 
@@ -131,3 +131,13 @@ def test_writes_interrupted_at_any_bytecode_arrive_once_and_in_order():
     # (end_cell ends a last line cut before its newline)
     rest = text[pos:]
     assert rest in ("", "\n"), f"text not from the pieces, once each, at {rest[:60]!r}"
+
+
+def test_a_line_sent_in_parts_for_its_length_ends_without_an_empty_line():
+    """A line past MAX_PARTIAL goes out before its newline arrives; that newline (print writes
+    it separately) ends the line already sent, it does not start an empty one."""
+    outbox = Outbox(lambda urgent: None)
+    long = "x" * (MAX_PARTIAL + 10)
+    for piece in (long, "\n", "after", "\n", long, "tail", "\n"):
+        outbox.write("c", "stdout", piece)
+    assert _received(outbox).splitlines() == [long, "after", long, "tail"]

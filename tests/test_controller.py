@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import _thread
+import sys
 import threading
 import time
 
@@ -136,6 +137,56 @@ def test_push_pull_scatter_gather(clean):
         clean.pull("only_one")
 
 
+def test_pull_fails_naming_a_value_that_cannot_travel(clean):
+    clean.run(
+        "import threading, types, sys\n"
+        "lk = threading.Lock()\n"
+        "y = 5\n"
+        "m = types.ModuleType('only_on_the_worker')\n"
+        "exec('class K: pass', m.__dict__)\n"
+        "sys.modules[m.__name__] = m\n"
+        "k = m.K() if rank == 1 else None"
+    )
+    with pytest.raises(ValueError, match=r"^cannot pull 'lk' from ranks 0-1: lock cannot be"):
+        clean.pull(["y", "lk"])
+    with pytest.raises(ValueError, match=r"^cannot pull 'k' from rank 1: it cannot be unpickled"):
+        clean.pull("k")
+    assert clean.pull(["y", "k"], targets=0).values() == [(5, None)]
+
+
+def test_gather_stacks_0d_tensors_and_arrays(clean):
+    clean.run("import torch, numpy as np\nloss = torch.tensor(float(rank))\nz = np.float64(rank)")
+    assert torch.equal(clean.gather("loss"), torch.tensor([0.0, 1.0]))
+    assert clean.gather("z").tolist() == [0.0, 1.0]
+    clean.run("y = 1 if rank else [1]")
+    with pytest.raises(ValueError, match=r"cannot gather 'y': the ranks' values \(int, list\) do"):
+        clean.gather("y")
+
+
+def test_scatter_sends_each_rank_only_its_chunk_of_a_tensor(clean):
+    clean.scatter("part", torch.arange(1000.0))
+    assert clean.run("(part.numel(), part.untyped_storage().nbytes())").values() == [
+        (500, 2000),
+        (500, 2000),
+    ]
+
+
+def test_a_line_longer_than_the_partial_limit_is_one_line(clean, capsys):
+    clean.run("print('x' * 70_000)\nprint('after')", targets=0)
+    assert capsys.readouterr().out.splitlines() == ["[rank 0] " + "x" * 70_000, "[rank 0] after"]
+
+
+def test_classes_defined_in_a_cell_pickle_on_the_worker(clean):
+    clean.run("import pickle\nclass Point:\n    def __init__(self, x):\n        self.x = x")
+    assert clean.run("pickle.loads(pickle.dumps(Point(rank))).x").values() == [0, 1]
+    # __main__ is the namespace while a cell runs, and the worker's own again after
+    assert clean.run("import __main__\nvars(__main__) is globals()").values() == [True, True]
+    assert clean.call(lambda engine: sys.modules["__main__"] is engine.main).values() == [
+        False,
+        False,
+    ]
+
+
 def test_push_of_something_unpicklable_names_it(clean):
     with pytest.raises(ValueError, match=r"cannot push 'lk': lock cannot be pickled"):
         clean.push({"lk": threading.Lock()})
@@ -184,7 +235,7 @@ def test_timeout_interrupts_and_names_the_ranks(clean):
     with pytest.raises(CellTimeout) as info:
         clean.run("import time\nif rank == 1:\n    while True: pass\n'quick'", timeout=1)
     err = info.value
-    assert "rank 1 were still running" in err.headline
+    assert "rank 1 was still running" in err.headline
     assert err.results.to_dict() == {0: "quick"}
     assert clean.run("rank").values() == [0, 1]
 
@@ -206,6 +257,25 @@ def test_noblock_interrupt_and_a_blocking_cell_waits_for_busy_ranks(clean, capsy
     assert "ranks 0-1 are busy with an earlier cell" in capsys.readouterr().err
     with pytest.raises(CellError, match="KeyboardInterrupt"):
         handle.result(timeout=10)
+
+
+def test_a_request_queued_behind_a_noblock_cell_is_cancelled_not_stuck(clean):
+    """Interrupted (here by its timeout) while an earlier --noblock cell still runs, a cell
+    that never started is reported as cancelled, not as stuck in a C call; it never runs."""
+    handle = clean.run(
+        "import time\nend = time.time() + 30\nwhile time.time() < end: pass", block=False
+    )
+    try:
+        with pytest.raises(CellTimeout) as info:
+            clean.run("ran = 1", timeout=0.5)
+        for err in info.value.errors.values():
+            assert err.ename == "Cancelled"
+            assert "queued behind an earlier cell that is still running" in err.evalue
+    finally:
+        handle.interrupt()
+    with pytest.raises(CellError, match="KeyboardInterrupt"):
+        handle.result(timeout=10)
+    assert clean.run("'ran' in globals()").values() == [False, False]
 
 
 def test_heartbeats_flow_during_a_busy_cell(clean):

@@ -6,7 +6,7 @@ import _thread
 import threading
 
 import monarch_nb
-from monarch_nb.magic import split_items
+from monarch_nb.magic import MonarchMagics, split_items
 
 
 def test_everything_before_up_says_to_start_a_cluster(cell, no_current):
@@ -25,7 +25,7 @@ def test_everything_before_up_says_to_start_a_cluster(cell, no_current):
 
 def test_up_status_down_and_up_while_up(cell, no_current):
     cell("%monarch up --workers 1 --cpu")
-    assert "monarch-nb: started 1 ranks at tcp://127.0.0.1:" in cell.out
+    assert "monarch-nb: started 1 rank at tcp://127.0.0.1:" in cell.out
     assert "rank  host" in cell.out
     cell("%monarch up --cpu", expect_error=True)
     assert "already up" in str(cell.error)
@@ -163,6 +163,62 @@ def test_connect_errors(cell, no_current):
     assert "--cluster takes module:factory" in str(cell.error)
     cell("%monarch connect", expect_error=True)
     assert "exactly one of ADDRESS" in str(cell.error)
+
+
+def test_help_of_every_command_and_of_the_cell_magic(cell, no_current):
+    """-h needs no cluster: it prints the usage and runs nothing."""
+    cell("%monarch -h")
+    assert cell.out.startswith("usage: %monarch [-h] COMMAND ...")
+    commands = MonarchMagics(cell.shell).parser.commands
+    assert {"plot", "dashboard", "push", "scatter"} <= set(commands)
+    for command in commands:
+        cell(f"%monarch {command} -h")
+        assert cell.out.startswith(f"usage: %monarch {command} [-h]"), command
+    for source in ["%monarch pull x -h", "%monarch push s='a b' --help", "%monarch scatter -h"]:
+        cell(source)
+        assert cell.out.startswith("usage: %monarch "), source
+    cell("%%monarch -h\nraise SystemExit('the cell ran')")
+    assert cell.out.startswith("usage: %%monarch [-h]") and "--timeout S" in cell.out
+    # The commands are written once, in the parser; the docstring names each one too.
+    cell("%monarch", expect_error=True)
+    assert f"{', '.join(commands[:-1])} or {commands[-1]}" in str(cell.error)
+    assert all(command in MonarchMagics.monarch.__doc__ for command in commands)
+
+
+def test_push_and_scatter_targets_keep_the_expression_as_written(cell, clean):
+    cell("%monarch push s='a    b' --targets 0")
+    assert cell("%monarch pull s -t 0").values() == ["a    b"]
+    cell("%monarch push m='use -t 1' -t=1")  # a flag-like word inside a string stays there
+    assert cell("%monarch pull m -t 1").values() == ["use -t 1"]
+    cell("%monarch scatter parts ['x  y', 'z'] -t 0,1")
+    assert cell("%monarch pull parts").values() == [["x  y"], ["z"]]
+
+
+def test_pull_of_an_unpicklable_value_names_it_in_one_line(cell, clean):
+    cell("%%monarch\nimport threading\nlk = threading.Lock()\ny = 5")
+    cell("%monarch pull y lk", expect_error=True)
+    assert str(cell.error) == (
+        "cannot pull 'lk' from ranks 0-1: lock cannot be pickled "
+        "(cannot pickle '_thread.lock' object)"
+    )
+    assert cell("%monarch pull y").values() == [5, 5]
+
+
+def test_gather_stacks_0d_values_and_says_in_one_line_what_does_not_join(cell, clean):
+    cell("%%monarch\nimport torch\nloss = torch.tensor(float(rank))\nbad = torch.ones(2, rank + 1)")
+    assert cell("%monarch gather loss").tolist() == [0.0, 1.0]
+    cell("%monarch gather bad", expect_error=True)
+    assert str(cell.error).startswith("cannot gather 'bad': the ranks' values (Tensor) do not join")
+    assert "\n" not in str(cell.error)
+
+
+def test_small_mistakes_and_hidden_values(cell, clean):
+    cell("%%monarch --timeout 0\nrank", expect_error=True)
+    assert "argument --timeout: must be more than 0 seconds, got 0" in str(cell.error)
+    cell("%monarch scatter 1bad [1, 2]", expect_error=True)
+    assert "cannot scatter to '1bad': not a valid Python name" in str(cell.error)
+    assert cell("%%monarch\nrank;  # hide") is None
+    assert cell("%%monarch\nrank  # shown;").values() == [0, 1]
 
 
 def test_split_items():

@@ -116,7 +116,7 @@ def test_connect_with_tls_certificate_files(no_current, cell, tmp_path):
             f"%monarch connect {ctl.scheduler_address} --no-dist --tls-ca-file {ca} "
             f"--tls-cert {cert} --tls-key {key}",
         )
-        assert f"connected to 1 ranks at {ctl.scheduler_address}" in cell.out
+        assert f"connected to 1 rank at {ctl.scheduler_address}" in cell.out
         assert cell("%%monarch\nworld_size").values() == [1]
         cell("%monarch down")
         assert "disconnected; the cluster keeps running" in cell.out
