@@ -23,7 +23,6 @@ from __future__ import annotations
 import warnings
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from . import blas
 from .reference import monarch_shapes
@@ -286,10 +285,15 @@ class _MonarchMatmul(torch.autograd.Function):
         return y.clone() if y._is_view() else y  # a view only where one row or column
 
     @staticmethod
-    @once_differentiable  # the backward's kernels are not themselves differentiable
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, w1, w2, h = ctx.saved_tensors
-        return _gradients(grad, x, w1, w2, h)
+        if not torch.is_grad_enabled():  # a plain backward: the kernels
+            return _gradients(grad, x, w1, w2, h)
+        # create_graph (a gradient penalty, MAML): the same gradients from plain torch ops,
+        # whose graph autograd differentiates again (the kernels' would not be)
+        _y, vjp = torch.func.vjp(_composite, x, w1, w2)
+        needed = zip(vjp(grad), ctx.needs_input_grad, strict=True)
+        return tuple(g if need else None for g, need in needed)
 
 
 def _eager(*tensors: torch.Tensor) -> bool:
@@ -307,9 +311,9 @@ def monarch_matmul(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch
     """Monarch product of ``x`` (..., k*p) with ``w1`` (k, q, p) and ``w2`` (l, s, r).
 
     Returns ``(..., s*l)``; see :mod:`monarch_kernels.reference` for the exact definition.
-    Differentiable in all three arguments (once: the backward's kernels are not themselves
-    differentiable); one opaque op under ``torch.compile``; under autocast, computed in its
-    dtype as a matmul is.
+    Differentiable in all three arguments, also twice in eager code (``create_graph=True``);
+    one opaque op under ``torch.compile``; under autocast, computed in its dtype as a matmul
+    is.
 
     >>> x = torch.randn(8, 12); w1 = torch.randn(3, 4, 4); w2 = torch.randn(2, 5, 6)
     >>> monarch_matmul(x, w1, w2).shape
