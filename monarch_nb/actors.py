@@ -20,11 +20,12 @@ Names and semantics follow torchmonarch::
     await counters.incr.call()                  # in a notebook cell
 
 Adverbs: ``call`` (a Future of a ValueMesh), ``call_one`` (a mesh of one actor), ``choose`` (the
-least busy actor), ``stream`` (futures in arrival order), ``broadcast`` (fire and forget; failures
-are printed on the controller and kept in ``broadcast_errors()``). Messages go straight from the
-caller to the actor's worker over distributed comms, never through the task queue. This module
-holds meshes and slicing; ``actors_adverbs`` the adverbs, ``actors_wire`` the caller's comms,
-futures and errors, ``actors_worker`` the actors' side, ``actors_context`` what an actor sees.
+actor with the fewest of this process's messages unanswered), ``stream`` (futures in arrival
+order), ``broadcast`` (fire and forget; failures are printed on the controller and kept in
+``broadcast_errors()``). Messages go straight from the caller to the actor's worker over
+distributed comms, never through the task queue. This module holds meshes and slicing;
+``actors_adverbs`` the adverbs, ``actors_wire`` the caller's comms, futures and errors,
+``actors_worker`` the actors' side, ``actors_context`` what an actor sees.
 """
 
 from __future__ import annotations
@@ -83,6 +84,10 @@ __all__ = [
 ]
 
 MAX_BROADCAST_ERRORS = 100
+# Why a controller's pending calls fail when its actor system closes: it went down, or
+# actors.close() was called with the cluster still up.
+CLUSTER_DOWN = "the cluster was shut down"
+CLOSED = "the actor system was closed for this controller (actors.close())"
 
 
 class _Member(NamedTuple):
@@ -172,12 +177,18 @@ class _Mesh:
     def _mailbox(self) -> Mailbox:
         if self._box is None:
             self._box = _local_mailbox()
-        if self._box.loop.is_closed():  # its controller went down; the workers went with it
+        box = self._box
+        if box.loop.is_closed() or box.close_cause == CLUSTER_DOWN:  # the workers went with it
             raise _controller.ClusterError(
                 "this mesh's cluster is down: start one with %monarch up, then spawn again on "
                 "proc_mesh()"
             )
-        return self._box
+        if box.closed:
+            raise _controller.ClusterError(
+                f"{box.close_cause}: its actors are stopped; spawn them again on a new "
+                "proc_mesh() to start again"
+            )
+        return box
 
     @property
     def extent(self) -> dict[str, int]:
@@ -295,7 +306,7 @@ class ProcMesh(_Mesh):
         self._mailbox.meshes[mesh_id] = mesh
         spawner = context().actor_instance
         if spawner.cluster_rank is not None:  # spawned by an actor: stopped when it stops
-            spawner._children.append(mesh)
+            spawner._children[mesh_id] = mesh
         return mesh
 
     def __repr__(self) -> str:
@@ -347,8 +358,15 @@ class ActorMesh(_Mesh):
         """Stop these actors (their threads end; later calls fail)."""
         base = {"op": "stop", "mesh": self._id, "where": f"{self._class_name}.stop"}
         msgs = [{**base, "pt": i, "r": m.rank} for i, m in self._targets()]
-        self._mailbox.meshes.pop(self._id, None)
+        self._forget_in(self._mailbox.meshes)
+        self._forget_in(context().actor_instance._children)
         return gather(self, msgs, f"{self.name}.stop", lambda raw: None)
+
+    def _forget_in(self, registry: dict) -> None:
+        """Drop the mesh from ``registry`` once every actor of it is stopped (not for a slice)."""
+        whole = registry.get(self._id)
+        if whole is not None and set(whole._positions) <= set(self._positions):
+            del registry[self._id]
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self.name!r} of {self._class_name}, {self._describe_dims()}>"
@@ -385,12 +403,13 @@ def dead_actors(ctl=None) -> list[tuple[str, int, str]]:
 
 def close(ctl=None) -> None:
     """Drop this controller's actor connections (call before leaving a cluster you keep
-    running): the workers stop the actors it spawned, and its pending calls fail."""
+    running): the workers stop the actors it spawned, its pending calls fail, and its meshes
+    refuse further use. ``proc_mesh()`` starts afresh."""
     ctl = ctl if ctl is not None else _controller.current()
     with _states_lock:
         state = _states.pop(ctl, None) if ctl is not None else None
     if state is not None:
-        state.mailbox.close()
+        state.mailbox.close(CLUSTER_DOWN if ctl.closed else CLOSED)
 
 
 def broadcast_errors(ctl=None, clear: bool = False) -> list[ActorError]:

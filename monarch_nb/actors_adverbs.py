@@ -99,7 +99,10 @@ class ActorEndpoint:
         return gather(self._mesh, msgs, self._where, lambda raw: next(iter(raw.values())))
 
     def choose(self, *args, **kwargs) -> Future:
-        """One actor, the one with the fewest of our calls still running; a Future of its value."""
+        """One actor, the one with the fewest messages from this process still unanswered
+        (calls by any adverb; broadcasts until the actor has run them); ties take turns.
+        Messages other processes (other actors) sent it are not counted. A Future of its
+        value."""
         mesh = self._mesh
         box = mesh._mailbox
         targets = mesh._targets()
@@ -107,8 +110,7 @@ class ActorEndpoint:
         order = targets[start:] + targets[:start]
         pick = min(order, key=lambda t: box.inflight[(mesh._id, mesh._positions[t[0]])])
         msgs = self._messages([pick], args, kwargs)
-        key = (mesh._id, mesh._positions[pick[0]])
-        return gather(mesh, msgs, self._where, lambda raw: next(iter(raw.values())), key)
+        return gather(mesh, msgs, self._where, lambda raw: next(iter(raw.values())))
 
     def stream(self, *args, **kwargs) -> Iterator[Future]:
         """Every actor; yields one Future per actor, resolved in the order replies arrive."""
@@ -142,12 +144,17 @@ class ActorEndpoint:
         """Every actor, without waiting; a failure is reported to the controller (printed there
         and kept in ``broadcast_errors()``), never lost."""
         mesh = self._mesh
-        msgs = self._messages(mesh._targets(), args, kwargs)
+        msgs = [{**m, "broadcast": True} for m in self._messages(mesh._targets(), args, kwargs)]
         _check_alive(mesh, msgs)
-        mesh._mailbox.send([(mesh._members[mesh._positions[m["pt"]]].address, m) for m in msgs])
+        # Each actor acknowledges it once run, so choose() counts it as running until then.
+        _send(mesh, msgs, _ignore, _ignore)
 
 
 _rotation = itertools.count()
+
+
+def _ignore(*args) -> None:
+    pass
 
 
 def _check_alive(mesh, msgs: list[dict]) -> None:
@@ -159,10 +166,11 @@ def _check_alive(mesh, msgs: list[dict]) -> None:
             raise SupervisionError(getattr(mesh, "name", "?"), member.rank, member.address, cause)
 
 
-def _send(mesh, msgs: list[dict], on_reply, on_lost, key=None) -> None:
+def _send(mesh, msgs: list[dict], on_reply, on_lost) -> None:
     addresses = {m["r"]: mesh._members[mesh._positions[m["pt"]]].address for m in msgs}
+    keys = {m["r"]: (mesh._id, mesh._positions[m["pt"]]) for m in msgs}
     mesh._mailbox.send(
-        [(addresses[m["r"]], m) for m in msgs], Pending(addresses, on_reply, on_lost, key)
+        [(addresses[m["r"]], m) for m in msgs], Pending(addresses, on_reply, on_lost, keys)
     )
 
 
@@ -178,7 +186,7 @@ def _load(reply: dict, host: str, where: str) -> Any:
         raise ActorError(reply["r"], host, type(e).__name__, evalue, [], where, e) from None
 
 
-def gather(mesh, msgs: list[dict], where: str, decode, key=None) -> Future:
+def gather(mesh, msgs: list[dict], where: str, decode) -> Future:
     """A Future of every reply: ``decode({rank: value})``, or the first error by rank."""
     hosts = {m.rank: m.host for m in mesh._members}
     name = getattr(mesh, "name", "?")
@@ -208,5 +216,5 @@ def gather(mesh, msgs: list[dict], where: str, decode, key=None) -> Future:
         # At once, without waiting for the other ranks: a dead rank will never answer.
         fut._finish(error=SupervisionError(name, rank, address, cause))
 
-    _send(mesh, msgs, on_reply, on_lost, key)
+    _send(mesh, msgs, on_reply, on_lost)
     return fut

@@ -64,7 +64,7 @@ class Instance:
         self.name = name
         self.rank = rank
         self.cluster_rank = cluster_rank
-        self._children: list = []  # actor meshes it spawned, stopped when it stops
+        self._children: dict = {}  # mesh id -> actor mesh it spawned, stopped when it stops
 
     @property
     def actor_id(self) -> str:

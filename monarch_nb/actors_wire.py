@@ -35,6 +35,9 @@ logger = logging.getLogger("monarch_nb.actors")
 # Seconds to reach a worker before calling it dead: a refused connection is retried until then
 # (a worker process that was killed refuses at once, forever).
 CONNECT_TIMEOUT = 5
+# Source spans kept per function name: a class redefined in cell after cell keeps only its
+# latest versions (the older ones are what tracebacks least often show).
+MAX_SPANS = 16
 
 
 class ActorError(RemoteError):
@@ -52,11 +55,29 @@ class ActorError(RemoteError):
         return f"{self.args[0]}\n{tb}" if tb else self.args[0]
 
     def __reduce__(self):
-        state = (self.rank, self.host, self.ename, self.evalue, self.traceback, self.where)
-        return type(self), state
+        args = (self.rank, self.host, self.ename, self.evalue, self.traceback, self.where)
+        return type(self), args, {"exception": _dumps_or_none(self.exception)}
+
+    def __setstate__(self, state: dict) -> None:
+        # The exception travels as bytes: where it cannot be pickled (or unpickled on the
+        # other side) the error still travels, with ``exception`` None.
+        blob = state.get("exception")
+        self.exception = None
+        if blob is not None:
+            with contextlib.suppress(Exception):
+                self.exception = cloudpickle.loads(blob)
 
     def _render_traceback_(self) -> list[str]:
         return [f"ActorError: {self.args[0]} (on {self.host})", *self.traceback]
+
+
+def _dumps_or_none(exc: BaseException | None) -> bytes | None:
+    if exc is None:
+        return None
+    try:
+        return cloudpickle.dumps(exc, protocol=5)
+    except Exception:
+        return None
 
 
 class SupervisionError(RuntimeError):
@@ -119,7 +140,9 @@ class Future:
         if not self._event.wait(timeout):
             raise TimeoutError(f"{self._describe} did not answer within {timeout:g} s")
         if self._error is not None:
-            raise self._error
+            # The same object is raised by every get(): without the reset its traceback would
+            # gain this call's frames each time.
+            raise self._error.with_traceback(None)
         if not self._decoded:
             self._value, self._decoded = self._decode(self._raw), True
         return self._value
@@ -203,7 +226,7 @@ class _Sources:
             if span not in found and span not in self._spans.get(code.co_name, []):
                 found.append(span)
         for name, found in new.items():
-            self._spans[name] = found + self._spans.get(name, [])
+            self._spans[name] = (found + self._spans.get(name, []))[:MAX_SPANS]
 
     def restore(self, lines: list[str]) -> list[str]:
         out = []
@@ -227,14 +250,16 @@ sources = _Sources()
 
 class Pending:
     """One message sent to some ranks; ``on_reply(rank, reply)`` and ``on_lost(rank, error)``
-    run on the mailbox's loop; ``targets`` maps each rank still owed a reply to its address."""
+    run on the mailbox's loop; ``targets`` maps each rank still owed a reply to its address,
+    ``keys`` each such rank to the actor it runs on, ``(mesh id, position)``, which
+    ``Mailbox.inflight`` counts for choose()."""
 
-    def __init__(self, targets: dict[int, str], on_reply, on_lost, key=None):
+    def __init__(self, targets: dict[int, str], on_reply, on_lost, keys=None):
         self.id = uuid.uuid4().hex
         self.targets = dict(targets)
         self.on_reply = on_reply
         self.on_lost = on_lost
-        self.key = key  # (mesh id, position) for choose()'s load balancing
+        self.keys: dict[int, tuple[str, int]] = dict(keys or {})
 
 
 class _Conn:
@@ -255,9 +280,11 @@ class Mailbox:
         self.id = uuid.uuid4().hex
         self.on_unsolicited = on_unsolicited  # broadcast errors that are reported to us
         self.dead: dict[str, str] = {}  # address -> cause
+        # (mesh id, position) -> messages sent to that actor and not yet answered; no zeros
         self.inflight: Counter = Counter()
         self.meshes: dict[str, Any] = {}  # actor meshes spawned from here, by id
         self.closed = False
+        self.close_cause = ""
         self._conns: dict[str, _Conn] = {}
         self._pending: dict[str, Pending] = {}
         self._lock = threading.Lock()
@@ -280,8 +307,7 @@ class Mailbox:
             msgs = [(a, {**m, "id": pending.id}) for a, m in msgs]
             with self._lock:
                 self._pending[pending.id] = pending
-                if pending.key is not None:
-                    self.inflight[pending.key] += 1
+                self.inflight.update(pending.keys.values())
         self._soon(self._on_send, msgs)
 
     def cause_of(self, address: str) -> str | None:
@@ -291,7 +317,9 @@ class Mailbox:
         """Another signal (the scheduler removed the worker) that ``address`` is gone."""
         self._soon(self._on_dead, address, cause)
 
-    def close(self) -> None:
+    def close(self, cause: str = "the cluster was shut down") -> None:
+        """Fail every pending call with ``cause`` (and every later one)."""
+        self.close_cause = cause
         self.closed = True
         self._soon(self._on_close)
 
@@ -299,7 +327,8 @@ class Mailbox:
     def _on_send(self, msgs: list[tuple[str, dict]]) -> None:
         for address, msg in msgs:
             if address in self.dead or self.closed:
-                self._fail_one(address, msg.get("id"), self.dead.get(address, "mailbox closed"))
+                cause = self.dead.get(address, self.close_cause)
+                self._fail_one(address, msg.get("id"), cause)
                 continue
             conn = self._conns.get(address)
             if conn is None:
@@ -341,15 +370,19 @@ class Mailbox:
             pending = self._pending.get(msg["id"])
             if pending is None or msg["r"] not in pending.targets:
                 return
-            del pending.targets[msg["r"]]
-            self._retire(pending)
+            self._settle(pending, msg["r"])
         pending.on_reply(msg["r"], msg)
 
-    def _retire(self, pending: Pending) -> None:
+    def _settle(self, pending: Pending, rank: int) -> None:
+        """``rank`` owes ``pending`` nothing more (called with the lock held)."""
+        del pending.targets[rank]
+        key = pending.keys.pop(rank, None)
+        if key is not None:
+            self.inflight[key] -= 1
+            if self.inflight[key] <= 0:
+                del self.inflight[key]
         if not pending.targets:
             del self._pending[pending.id]
-            if pending.key is not None:
-                self.inflight[pending.key] -= 1
 
     def _on_dead(self, address: str, cause: str) -> None:
         self.dead.setdefault(address, cause)
@@ -377,8 +410,7 @@ class Mailbox:
             )
             ranks = [r for r in ranks if r in pending.targets]
             for r in ranks:
-                del pending.targets[r]
-            self._retire(pending)
+                self._settle(pending, r)
         for r in ranks:
             pending.on_lost(r, address, cause)
 
@@ -391,4 +423,4 @@ class Mailbox:
             left = list(self._pending.values())
         for pending in left:
             for rank, address in list(pending.targets.items()):
-                self._fail_one(address, pending.id, "the cluster was shut down", rank)
+                self._fail_one(address, pending.id, self.close_cause, rank)

@@ -25,6 +25,7 @@ from .actors_context import Context, Instance, Point, _context, endpoints_of
 from .actors_wire import ATTACH, Mailbox, Writer
 
 PLUGIN_NAME = "monarch-actors"
+STOPPED = "the actor was stopped while this call ran"
 logger = logging.getLogger("monarch_nb.actors")
 
 _host: ActorHost | None = None
@@ -154,7 +155,7 @@ class ActorRunner:
             self.loop.run_forever()
         finally:
             for task in self._tasks:
-                task.cancel()
+                task.cancel(STOPPED)  # the CancelledError its caller gets says why
             with contextlib.suppress(Exception):
                 self.loop.run_until_complete(asyncio.sleep(0))
             self.loop.close()
@@ -163,8 +164,8 @@ class ActorRunner:
     def _stop_children(self) -> None:
         """Meshes this actor spawned die with it, as its own would with a controller that went
         away (no one else holds their handles)."""
-        children = self.instance._children if self.instance is not None else []
-        for mesh in children:
+        children = self.instance._children if self.instance is not None else {}
+        for mesh in list(children.values()):
             with contextlib.suppress(RuntimeError):  # this worker is shutting down
                 mesh.stop()
 
@@ -229,11 +230,14 @@ class ActorRunner:
 
 
 def _reply(channel: Channel, owner: Channel, msg: dict, reply: dict) -> None:
-    """Answer a call; a broadcast (no id) only answers failures, to the mesh's owner."""
-    if "id" in msg:
-        channel.send({"id": msg["id"], "r": msg["r"], **reply})
-    elif not reply["ok"]:
+    """Answer a call. A broadcast's sender gets an acknowledgement without the value (it counts
+    the message as running until then), and a failure goes to the mesh's owner, who reports it."""
+    broadcast = msg.get("broadcast", "id" not in msg)
+    if broadcast and not reply["ok"]:
         owner.send({"r": msg["r"], "where": msg["where"], "broadcast": True, **reply})
+    if "id" in msg:
+        answer = {"ok": True, "v": None} if broadcast else reply
+        channel.send({"id": msg["id"], "r": msg["r"], **answer})
 
 
 def _value(value: Any) -> dict[str, Any]:

@@ -148,8 +148,19 @@ class Parent(Actor):
     """Spawns a mesh of its own: a Counter on its own rank."""
 
     def __init__(self, procs):
+        self.procs = procs
+        self.kids = self._spawn()
+
+    def _spawn(self):
         me = context().actor_instance.rank["gpus"]
-        self.kids = procs.slice(gpus=slice(me, me + 1)).spawn("kids", Counter)
+        return self.procs.slice(gpus=slice(me, me + 1)).spawn("kids", Counter)
+
+    @endpoint
+    def respawn(self):
+        """Stops its mesh and spawns another; returns how many meshes it still tracks."""
+        self.kids.stop().get(timeout=10)
+        self.kids = self._spawn()
+        return len(context().actor_instance._children)
 
 
 class NotAnActor:

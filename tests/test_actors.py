@@ -4,9 +4,11 @@ endpoints, actors calling actors, errors, slicing, bad input and a worker killed
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import threading
 import time
+import traceback
 
 import _actor_helpers as helpers
 import cloudpickle
@@ -16,6 +18,7 @@ import monarch_nb
 from monarch_nb import actors, actors_context
 from monarch_nb import controller as controller_module
 from monarch_nb.actors import ActorError, SupervisionError
+from monarch_nb.actors_wire import MAX_SPANS, Future, _Sources
 from monarch_nb.results import ValueMesh
 
 cloudpickle.register_pickle_by_value(helpers)
@@ -87,6 +90,34 @@ def test_choose_picks_the_least_busy_actor(counters):
     assert {first.get(timeout=10), second.get(timeout=10)} == {0, 1}
     picks = [counters.incr.choose(0).get(timeout=10) for _ in range(4)]
     assert picks == [10] * 4  # nothing was in flight: each went to some actor, answered
+
+
+def test_choose_avoids_an_actor_busy_with_a_call_by_any_adverb(counters):
+    box = counters._mailbox
+    rank1_done = lambda: (counters._id, 1) not in box.inflight  # noqa: E731
+
+    def picks():
+        return [counters.sleep.choose(0).get(timeout=10) for _ in range(4)]
+
+    busy = counters.slice(gpus=0).sleep.call_one(0.6)
+    assert picks() == [1] * 4
+    busy.get(timeout=10)
+    busy = counters.sleep_on.call(0, 0.6)  # rank 1 answers at once, rank 0 stays busy
+    assert wait_for(rank1_done)
+    assert picks() == [1] * 4
+    busy.get(timeout=10)
+    counters.slice(gpus=0).sleep.broadcast(0.6)  # counted until rank 0 has run it
+    assert picks() == [1] * 4
+    counters.incr.call(0).get(timeout=10)  # after the broadcast, on the same comm
+    first, busy = counters.sleep_on.stream(0, 0.6)
+    assert first.get(timeout=10) == 0  # rank 1's answer: rank 0 is still sleeping
+    assert picks() == [1] * 4
+    busy.get(timeout=10)
+    busy = counters.sleep.choose(0.6)
+    chosen = picks()
+    assert chosen == [chosen[0]] * 4 and chosen[0] != busy.get(timeout=10)
+    # Answered calls leave nothing behind in the mailbox.
+    assert [key for key in box.inflight if key[0] == counters._id] == []
 
 
 def test_stream_yields_in_arrival_order(counters):
@@ -179,9 +210,32 @@ def test_errors_carry_rank_remote_traceback_and_the_exception(counters):
     assert not any("actors_worker" in line for line in err.traceback)
     assert isinstance(err.exception, ZeroDivisionError)
     assert err._render_traceback_()[0].startswith("ActorError: Counter.fail failed on rank 1")
+    sent = pickle.loads(pickle.dumps(err))  # to another actor, through a Dask future
+    assert isinstance(sent.exception, ZeroDivisionError)
+    assert (str(sent), sent.rank, sent.where) == (str(err), 1, "Counter.fail")
     with pytest.raises(ActorError, match="rank 0"):  # the lowest failing rank of a call
         counters.fail.call(0).get(timeout=10)
     assert counters.fail.call(2).get(timeout=10).values() == [0.5, 0.5]  # the actor lives on
+
+
+def test_an_actor_error_whose_exception_cannot_be_pickled_travels_without_it():
+    cause = ValueError("holds a lock")
+    cause.lock = threading.Lock()
+    err = ActorError(0, "host", "ValueError", "holds a lock", ["line"], "A.f", cause)
+    sent = pickle.loads(pickle.dumps(err))
+    assert sent.exception is None and str(sent) == str(err) and sent.traceback == ["line"]
+
+
+def test_a_failed_future_raises_with_the_same_traceback_each_time(counters):
+    stored = next(iter(counters.slice(gpus=0).fail.stream(0)))  # a stream future keeps its error
+    failed = Future.failed("A.f", SupervisionError("m", 0, "tcp://x", "gone"))
+    for fut, kind in ((stored, ActorError), (failed, SupervisionError)):
+        lengths = []
+        for _ in range(3):
+            with pytest.raises(kind) as e:
+                fut.get(timeout=10)
+            lengths.append(len(traceback.extract_tb(e.value.__traceback__)))
+        assert lengths == [lengths[0]] * 3
 
 
 def test_a_class_redefined_in_a_later_cell_shows_its_new_source(mesh, tmp_path):
@@ -202,6 +256,18 @@ def test_a_class_redefined_in_a_later_cell_shows_its_new_source(mesh, tmp_path):
     finally:
         for fragile in spawned:
             fragile.stop().get(timeout=10)
+
+
+def test_sources_keep_only_the_latest_spans_of_a_redefined_function(tmp_path):
+    kept = _Sources()
+    for i in range(MAX_SPANS + 5):
+        cell = str(tmp_path / f"cell_{i}.py")
+        body = "class Fragile(Actor):\n    @endpoint\n    def boom(self, x):\n        return x\n"
+        ns = {"__name__": "notebook_cell", "Actor": actors.Actor, "endpoint": actors.endpoint}
+        exec(compile(body, cell, "exec"), ns)
+        kept.remember(ns["Fragile"])
+    assert len(kept._spans["boom"]) == MAX_SPANS
+    assert kept._spans["boom"][0] == (cell, 2, 4)  # the latest first (from its decorator)
 
 
 def test_an_unpicklable_return_value_is_an_error_saying_why(counters):
@@ -250,6 +316,18 @@ def test_get_timeout(counters):
     assert fut.get(timeout=10).values() == [0, 1]  # a timeout does not cancel
 
 
+def test_an_async_call_cut_short_by_stop_says_the_actor_was_stopped(mesh):
+    sleepers = mesh.spawn("sleepers", helpers.Sleeper)
+    nap = sleepers.slice(gpus=0).nap.call_one(30, "late")
+    sleepers.thread_name.call().get(timeout=10)  # handled after the nap began
+    sleepers.stop().get(timeout=10)
+    with pytest.raises(ActorError) as e:
+        nap.get(timeout=10)
+    assert e.value.args[0] == (
+        "Sleeper.nap failed on rank 0: CancelledError: the actor was stopped while this call ran"
+    )
+
+
 def test_stopped_actors_answer_with_an_error(mesh):
     gone = mesh.spawn("gone", helpers.Counter)
     gone.stop().get(timeout=10)
@@ -284,6 +362,9 @@ def test_ctrl_c_during_spawn_stops_the_actors(ctl, mesh):
 
 def test_stopping_an_actor_stops_the_meshes_it_spawned(ctl, mesh):
     parents = mesh.spawn("parents", helpers.Parent, mesh)
+    assert actors_running(ctl).count("kids") == 2
+    for _ in range(2):  # a mesh it stopped itself is no longer held
+        assert parents.respawn.call().get(timeout=10).values() == [1, 1]
     assert actors_running(ctl).count("kids") == 2
     parents.stop().get(timeout=10)
     assert wait_for(lambda: "kids" not in actors_running(ctl))
@@ -450,7 +531,22 @@ def test_a_worker_killed_mid_call_raises_supervision_error(own_cluster, cell):
         victims.incr.call().get(timeout=10)
 
 
-def test_a_mesh_used_after_its_cluster_is_down_says_so(own_cluster):
+def test_a_mesh_used_after_actors_close_or_its_cluster_down_says_so(own_cluster):
+    old = actors.proc_mesh(own_cluster)
+    closed = old.spawn("closed", helpers.Counter)
+    in_flight = closed.sleep.call(1)
+    actors.close(own_cluster)  # the cluster stays up
+    cause = r"is dead: the actor system was closed for this controller \(actors.close\(\)\)"
+    with pytest.raises(SupervisionError, match=cause):
+        in_flight.get(timeout=10)
+    for use in (closed.incr.call, lambda: old.spawn("again", helpers.Counter)):
+        with pytest.raises(monarch_nb.ClusterError) as e:
+            use()
+        assert one_line(e) == (
+            "the actor system was closed for this controller (actors.close()): its actors are "
+            "stopped; spawn them again on a new proc_mesh() to start again"
+        )
+
     procs = actors.proc_mesh(own_cluster)
     counters = procs.spawn("counters", helpers.Counter)
     own_cluster.down()
