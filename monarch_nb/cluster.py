@@ -6,13 +6,21 @@ difference in pinning lives here: the variable that pins (``HIP_VISIBLE_DEVICES`
 ``CUDA_VISIBLE_DEVICES`` on NVIDIA, or whichever one the user already narrowed) and how GPUs are
 counted (``/sys/class/kfd`` on ROCm, ``/proc/driver/nvidia`` on NVIDIA), both read without
 importing torch so that start-up stays quick.
+
+The local workers are not daemon processes, so that code on a rank may start processes of its
+own (a DataLoader with ``num_workers``, a multiprocessing Pool); the cluster is closed at exit
+before multiprocessing waits for its non-daemon children.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
 import logging
 import os
+import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,13 +117,79 @@ def plan_workers(
     ]
 
 
+_DAEMON_KEY = "distributed.worker.daemon"
+_daemon_lock = threading.Lock()
+_daemon_depth = 0
+_daemon_saved = True
+
+
+@contextlib.contextmanager
+def _workers_not_daemons():
+    """``distributed.worker.daemon: False`` while one of our nannies starts its worker process
+    (Dask reads it then, in this process). The nannies start at once on the event loop, so
+    nested ``dask.config.set`` blocks would restore each other's value: the first one in saves
+    the user's value and the last one out puts it back."""
+    import dask
+
+    global _daemon_depth, _daemon_saved
+    with _daemon_lock:
+        if _daemon_depth == 0:
+            _daemon_saved = dask.config.get(_DAEMON_KEY, default=True)
+            dask.config.set({_DAEMON_KEY: False})
+        _daemon_depth += 1
+    try:
+        yield
+    finally:
+        with _daemon_lock:
+            _daemon_depth -= 1
+            if _daemon_depth == 0:
+                dask.config.set({_DAEMON_KEY: _daemon_saved})
+
+
+@functools.cache
+def _nanny_class():
+    from distributed import Nanny
+
+    class LocalNanny(Nanny):
+        """A nanny whose worker process is not a daemon: at start, restart and replacement."""
+
+        async def instantiate(self):
+            with _workers_not_daemons():
+                return await super().instantiate()
+
+    return LocalNanny
+
+
+_local_clusters: weakref.WeakSet = weakref.WeakSet()
+_exit_finalizer = None
+
+
+def _close_local_clusters() -> None:
+    for cluster in list(_local_clusters):
+        if cluster.status.name not in ("closing", "closed"):
+            with contextlib.suppress(Exception):
+                cluster.close(timeout=10)
+
+
+def _close_at_exit(cluster) -> None:
+    """Close ``cluster`` when the interpreter exits normally, before multiprocessing joins its
+    non-daemon children (it would wait forever for workers still running). A multiprocessing
+    finalizer runs first in its exit handler, wherever that handler stands among the others."""
+    from multiprocessing import util
+
+    global _exit_finalizer
+    if _exit_finalizer is None:
+        _exit_finalizer = util.Finalize(None, _close_local_clusters, exitpriority=10)
+    _local_clusters.add(cluster)
+
+
 def start_local(plans: list[WorkerPlan], threads: int = 1, security=None):
     """A SpecCluster with its scheduler in this process and one nanny per plan, on 127.0.0.1.
 
     With a ``distributed.Security`` every comm (scheduler, nannies, workers, the client) speaks
     TLS with its certificates; the dashboard stays plain HTTP, still on 127.0.0.1 only.
     """
-    from distributed import Nanny, Scheduler, SpecCluster
+    from distributed import Scheduler, SpecCluster
 
     protocol = "tls" if security is not None else "tcp"
     tls = {"security": security} if security is not None else {}
@@ -131,7 +205,7 @@ def start_local(plans: list[WorkerPlan], threads: int = 1, security=None):
     }
     workers = {
         plan.name: {
-            "cls": Nanny,
+            "cls": _nanny_class(),
             "options": {
                 "name": plan.name,
                 "nthreads": threads,
@@ -145,13 +219,15 @@ def start_local(plans: list[WorkerPlan], threads: int = 1, security=None):
         }
         for plan in plans
     }
-    return SpecCluster(
+    cluster = SpecCluster(
         workers=workers,
         scheduler=scheduler,
         silence_logs=logging.WARNING,
         name="monarch-nb",
         **tls,
     )
+    _close_at_exit(cluster)
+    return cluster
 
 
 def temporary_security():

@@ -7,6 +7,7 @@ import argparse
 import ast
 import contextlib
 import io
+import keyword
 import os
 import re
 import sys
@@ -91,9 +92,22 @@ def _line_parser() -> _Parser:
     p.add_argument("address", nargs="?")
     p.add_argument("--scheduler-file")
     p.add_argument("--cluster", metavar="MODULE:FACTORY")
-    p.add_argument("--timeout", type=_seconds, default=8, metavar="S")
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=8,
+        metavar="S",
+        help="seconds to reach the scheduler (default: %(default)g)",
+    )
     p.add_argument(
         "--workers", "-n", type=int, default=None, metavar="N", help="wait for this many workers"
+    )
+    p.add_argument(
+        "--wait",
+        type=_seconds,
+        default=start.DEFAULT_WAIT,
+        metavar="S",
+        help="seconds for the workers to join, jobs in a batch queue too (default: %(default)g)",
     )
     p.add_argument(
         "--tls",
@@ -326,6 +340,7 @@ class MonarchMagics(Magics):
                 dist=args.dist,
                 backend=args.backend,
                 workers=args.workers,
+                wait=args.wait,
                 tls=args.tls,
                 tls_ca_file=args.tls_ca_file,
                 tls_cert=args.tls_cert,
@@ -333,6 +348,8 @@ class MonarchMagics(Magics):
             )
         )
         self._print_ranks(ctl, "connected to")
+        if ctl.owns_cluster:
+            print(f"monarch-nb: {args.cluster} made this cluster; %monarch down shuts it down")
 
     def _cmd_run(self, args):
         ctl = self._ctl()
@@ -467,6 +484,8 @@ class MonarchMagics(Magics):
             raise UsageError(f"cannot read the arguments {line.strip()!r}: {e}") from None
         except SystemExit:  # -h printed the help; the cell does not run
             return None
+        if args.out is not None and (not args.out.isidentifier() or keyword.iskeyword(args.out)):
+            raise UsageError(f"--out takes a Python name to store the result as, got {args.out!r}")
         ctl = self._ctl()
         try:
             tree = ast.parse(cell, "<cell>")

@@ -3,11 +3,15 @@
 Either makes the new controller current (unless ``current=False``), so that the magics drive
 it. A second one while a cluster is up is refused; the user's mistakes (no scheduler there, a
 TLS scheduler without certificates, two addresses at once) are one-line ``ClusterError``s and
-leave nothing behind.
+leave nothing behind. A cluster that ``up`` started or a ``--cluster module:factory`` made is
+owned: ``down`` closes it, and so does a failure before the controller is made.
 """
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import time
 from typing import Any
 
 from . import cluster as clusters
@@ -64,12 +68,21 @@ def up(
     return ctl
 
 
+# A batch queue (SLURM, PBS...) may hold the jobs of a dask-jobqueue cluster for minutes.
+DEFAULT_WAIT = 600
+_NEEDS_TLS = (
+    "speaks TLS; pass --tls-ca-file, --tls-cert and --tls-key "
+    "(or --tls with the certificates in Dask's distributed.comm.tls config)"
+)
+
+
 def connect(
     address: str | None = None,
     scheduler_file: str | None = None,
     cluster: Any = None,
     timeout: float = 8,
     workers: int | None = None,
+    wait: float = DEFAULT_WAIT,
     dist: bool = True,
     backend: str | None = None,
     current: bool = True,
@@ -84,10 +97,14 @@ def connect(
     A TLS scheduler (``tls://``) is joined with ``tls_ca_file``/``tls_cert``/``tls_key`` (PEM
     files), ``tls=True`` (the certificates in Dask's ``distributed.comm.tls`` config) or
     ``tls=`` a ``distributed.Security``; a cluster object brings its own ``security``.
+
+    ``timeout`` bounds reaching the scheduler; ``wait`` bounds waiting for ``workers`` workers
+    (by default those of the cluster object, else one) to join, as jobs wait in a batch queue.
+    A cluster made by ``"module:factory"`` belongs to the controller: ``down()`` closes it.
     """
     if current:
         _check_not_up()
-    from distributed import Client, Security
+    from distributed import Security
 
     if sum(x is not None for x in (address, scheduler_file, cluster)) != 1:
         raise ClusterError("connect needs exactly one of ADDRESS, --scheduler-file or --cluster")
@@ -98,26 +115,61 @@ def connect(
             security = clusters.client_security(bool(tls), tls_ca_file, tls_cert, tls_key)
         except ValueError as e:
             raise ClusterError(str(e)) from None
-    needs_tls = (
-        "speaks TLS; pass --tls-ca-file, --tls-cert and --tls-key "
-        "(or --tls with the certificates in Dask's distributed.comm.tls config)"
-    )
     if security is None and str(address).startswith("tls://"):
-        raise ClusterError(f"{address} {needs_tls}")
-    if isinstance(cluster, str):
+        raise ClusterError(f"{address} {_NEEDS_TLS}")
+    owns = isinstance(cluster, str)
+    if owns:
         cluster = clusters.load_factory(cluster)
+    with _closed_on_error(cluster if owns else None):
+        client = _client(address, scheduler_file, cluster, timeout, security)
+        expected = workers
+        if expected is None and cluster is not None and getattr(cluster, "worker_spec", None):
+            expected = len(cluster.worker_spec)
+        try:
+            _wait_for_workers(client, expected or 1, wait)
+            ctl = Controller(
+                client,
+                cluster=cluster,
+                owns_cluster=owns,
+                expected=expected,
+                dist=dist,
+                backend=backend,
+            )
+        except BaseException:
+            client.close()
+            raise
+    if current:
+        _set_current(ctl)
+    return ctl
+
+
+@contextlib.contextmanager
+def _closed_on_error(cluster):
+    """Close ``cluster`` (when not None) if the block fails, Ctrl-C included."""
+    try:
+        yield
+    except BaseException:
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                cluster.close()
+        raise
+
+
+def _client(address, scheduler_file, cluster, timeout, security):
+    """A Dask client of the scheduler, or a one-line ClusterError saying why not."""
+    from distributed import Client
+
     try:
         if cluster is not None:
-            client = Client(cluster, set_as_default=False, timeout=timeout, security=security)
-        elif scheduler_file is not None:
-            client = Client(
+            return Client(cluster, set_as_default=False, timeout=timeout, security=security)
+        if scheduler_file is not None:
+            return Client(
                 scheduler_file=scheduler_file,
                 set_as_default=False,
                 timeout=timeout,
                 security=security,
             )
-        else:
-            client = Client(address, set_as_default=False, timeout=timeout, security=security)
+        return Client(address, set_as_default=False, timeout=timeout, security=security)
     except OSError as e:
         where = address or scheduler_file or getattr(cluster, "scheduler_address", cluster)
         raise ClusterError(f"cannot reach a Dask scheduler at {where}: {e}") from None
@@ -127,22 +179,28 @@ def connect(
         if "ssl_context" not in str(e):
             raise
         where = scheduler_file or getattr(cluster, "scheduler_address", cluster)
-        raise ClusterError(f"the scheduler of {where} {needs_tls}") from None
-    expected = workers
-    if expected is None and cluster is not None and getattr(cluster, "worker_spec", None):
-        expected = len(cluster.worker_spec)
-    try:
-        ctl = Controller(
-            client,
-            cluster=cluster,
-            owns_cluster=False,
-            expected=expected,
-            dist=dist,
-            backend=backend,
-        )
-    except BaseException:
-        client.close()
-        raise
-    if current:
-        _set_current(ctl)
-    return ctl
+        raise ClusterError(f"the scheduler of {where} {_NEEDS_TLS}") from None
+
+
+def _wait_for_workers(client, n: int, wait: float) -> None:
+    """Wait up to ``wait`` seconds for ``n`` workers, saying so once the wait is noticeable."""
+    start = time.monotonic()
+    told = False
+    while True:
+        joined = len(client.scheduler_info(n_workers=-1)["workers"])
+        if joined >= n:
+            return
+        waited = time.monotonic() - start
+        if waited > wait:
+            raise ClusterError(
+                f"only {joined} of {n} workers joined within {wait:g} s; "
+                "--wait S (wait=S) waits longer"
+            )
+        if not told and waited > 2:
+            print(
+                f"monarch-nb: {joined} of {n} workers have joined; waiting up to {wait:g} s "
+                "for the rest (interrupt to stop)",
+                file=sys.stderr,
+            )
+            told = True
+        time.sleep(0.1)

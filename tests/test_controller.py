@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import _thread
+import json
+import subprocess
 import sys
 import threading
 import time
 
 import pytest
 import torch
+from _wait import wait_for
 from IPython.utils.capture import capture_output
 
 import monarch_nb
@@ -341,3 +344,81 @@ def test_code_stuck_in_a_c_call_is_reported_with_restart_offered(clean):
     assert "%monarch restart" in err.errors[0].evalue
     assert err.results.to_dict() == {1: 1}
     assert clean.run("'usable'", targets=0).values() == ["usable"]  # waits for the sleep to end
+
+
+# -- worker processes that start processes of their own -----------------------------------------
+DATALOADER = (
+    "from torch.utils.data import DataLoader\n"
+    "[b.tolist() for b in DataLoader(list(range(4)), batch_size=2, num_workers=2)]"
+)
+# an iterator kept in the namespace keeps its DataLoader's processes running
+KEEP_ITERATOR = (
+    "from torch.utils.data import DataLoader\nit = iter(DataLoader(range(8), num_workers=2))"
+)
+
+
+def _running(pids) -> list[int]:
+    import psutil
+
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def test_a_cell_can_start_a_dataloader_with_workers(cell, clean):
+    import dask
+
+    assert cell(f"%%monarch\n{DATALOADER}").values() == [[[0, 1], [2, 3]]] * 2
+    # the workers are not daemons, and the notebook's own Dask config is left as it was
+    assert dask.config.get("distributed.worker.daemon") is True
+
+
+def test_down_leaves_no_worker_or_dataloader_process_behind(no_current):
+    import psutil
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    ctl = monarch_nb.up(workers=2, cpu=True, dist=False)
+    ctl.run(KEEP_ITERATOR)
+    ctl.restart()  # the fresh workers are not daemons either
+    ctl.run(KEEP_ITERATOR)
+    assert ctl.run("next(it).tolist()").values() == [[0], [0]]
+    ours = {p.pid for p in psutil.Process().children(recursive=True)} - before
+    assert len(ours) >= 6  # two workers, each with two DataLoader processes
+    ctl.down()
+    assert wait_for(lambda: not _running(ours), timeout=30), _running(ours)
+
+
+EXIT_WITHOUT_DOWN = f"""
+import json, multiprocessing, psutil, monarch_nb
+if __name__ == "__main__":
+    ctl = monarch_nb.up(workers=2, cpu=True, dist=False)
+    ctl.run({KEEP_ITERATOR!r})
+    multiprocessing.get_logger()  # moves multiprocessing's exit handler ahead of Dask's
+    print(json.dumps([p.pid for p in psutil.Process().children(recursive=True)]))
+"""
+
+
+def test_an_interpreter_that_exits_without_down_takes_its_workers_with_it(tmp_path):
+    # multiprocessing joins non-daemon children at exit: the cluster must be closed before.
+    script = tmp_path / "exit_without_down.py"
+    script.write_text(EXIT_WITHOUT_DOWN)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr
+    pids = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(pids) >= 6
+    assert wait_for(lambda: not _running(pids), timeout=10), _running(pids)
+
+
+@pytest.mark.parametrize("name", ["1bad", "a-b", "for"])
+def test_out_refuses_a_name_python_cannot_use(cell, clean, name):
+    from IPython.core.error import UsageError
+
+    cell(f"%%monarch --out {name}\nrank", expect_error=True)
+    assert isinstance(cell.error, UsageError)
+    assert str(cell.error) == f"--out takes a Python name to store the result as, got {name!r}"
+    assert name not in cell.shell.user_ns

@@ -239,7 +239,7 @@ def test_cluster_across_namespaces_survives_a_cut_link(hosts, cell):
     start = time.monotonic()
     address = f"tcp://{hosts.address('sched')}:{SCHEDULER_PORT}"
     try:
-        cell(f"%monarch connect {address} --workers 2 --timeout 30")
+        cell(f"%monarch connect {address} --workers 2 --timeout 30 --wait 60")
     except AssertionError:
         pytest.fail(
             f"connect failed:\n{cell.out}\n{cell.err}\nscheduler log:\n{hosts.log('sched')}\n"
