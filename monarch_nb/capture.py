@@ -1,16 +1,29 @@
 """Worker side: capture what a cell prints and queue it, in order, for its controller.
 
-``sys.stdout`` and ``sys.stderr`` of a worker process are replaced by routers: a write from a
-thread that is running a cell goes to that cell's outbox, any other write (Dask's own logging)
-to the original stream. The outbox turns writes into whole lines, keeps a carriage-return
-progress bar as one line that is sent at most a few times a second, and coalesces lines so a
-flood of prints becomes a few large messages rather than one message per line.
+``sys.stdout`` and ``sys.stderr`` of a worker process are replaced by routers. A write from the
+thread running a cell goes to that cell's outbox; a write from a thread that a cell started (or
+that such a thread started, and so on) goes to the cell its engine runs at that moment, and is
+held for the engine's next cell while none runs; any other write (Dask's own logging) goes to
+the original stream.
+
+In a worker process of its own (one started by a nanny), file descriptors 1 and 2 are also
+pointed at pipes while a cell runs, so that what subprocesses and C code write there reaches the
+cell; a thread reads the pipes, and what arrives while no cell runs (a background subprocess)
+goes on to the original descriptors.
+
+The outbox turns writes into whole lines, keeps a carriage-return progress bar as one line that
+is sent at most a few times a second, and coalesces lines so a flood of prints becomes a few
+large messages rather than one message per line.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import faulthandler
 import io
+import logging
+import os
 import sys
 import threading
 import time
@@ -18,25 +31,112 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
 
+from .capture_fds import FdCapture
+
 PROGRESS_INTERVAL = 0.25  # seconds between updates of a carriage-return progress line
 MAX_PARTIAL = 64 * 1024  # a line without a newline is sent once it grows past this
+HELD_MAX = 1024 * 1024  # characters that cells' threads print between cells, kept for the next
 
 _local = threading.local()
+_fds: FdCapture | None = None  # this process's descriptor capture, where it has one
 
 
 def current_capture() -> tuple[Outbox, str] | None:
     """The (outbox, cell id) that the calling thread's output belongs to, if any."""
-    return getattr(_local, "capture", None)
+    cap = getattr(_local, "capture", None)
+    if cap is None:
+        console = getattr(threading.current_thread(), "_monarch_console", None)
+        if console is not None:
+            cap = console.current
+    return cap
 
 
-@contextmanager
-def capturing(outbox: Outbox, cell_id: str):
-    previous = current_capture()
-    _local.capture = (outbox, cell_id)
-    try:
-        yield
-    finally:
-        _local.capture = previous
+class Console:
+    """Where the output of one engine's cells, and of the threads they start, goes."""
+
+    def __init__(self):
+        self._lock = threading.RLock()  # RLock: a print in a finaliser run while it is held
+        self.current: tuple[Outbox, str] | None = None
+        self._held: list[tuple[str, str]] = []
+        self._held_size = 0
+        self._spilled = 0  # characters past HELD_MAX, sent to the worker's own stream
+
+    @contextmanager
+    def running(self, outbox: Outbox, cell_id: str):
+        """Run a cell on the calling thread. Its output, that of the threads it starts and
+        (with descriptor capture) what is written to fds 1 and 2 go to ``outbox``, after what
+        the engine's threads printed since its last cell. Call it outside user code: no
+        asynchronous interrupt may land on entering or leaving."""
+        with self._lock:
+            self.current = (outbox, cell_id)
+            held, self._held, self._held_size = self._held, [], 0
+            for name, s in held:
+                outbox.write(cell_id, name, s)
+            if self._spilled:
+                outbox.write(
+                    cell_id,
+                    "stderr",
+                    f"[monarch] threads printed {self._spilled} more characters between cells "
+                    "than are kept for the next one; those went to the worker's own log\n",
+                )
+                self._spilled = 0
+        previous = getattr(_local, "capture", None), getattr(_local, "console", None)
+        _local.capture, _local.console = (outbox, cell_id), self
+        fds = _fds
+        try:
+            if fds is not None:
+                fds.enter(self)
+            yield
+        finally:
+            try:
+                if fds is not None:
+                    fds.leave(self)  # what the cell wrote to fds 1 and 2 arrives before its end
+            finally:
+                with self._lock:
+                    self.current = None
+                _local.capture, _local.console = previous
+
+    def write(self, name: str, s: str, fallback) -> None:
+        """A write from a thread a cell started: to the cell running now, else held."""
+        with self._lock:
+            if self.current is not None:
+                outbox, cell_id = self.current
+                outbox.write(cell_id, name, s)
+                return
+            if not self._spilled and self._held_size + len(s) <= HELD_MAX:
+                self._held.append((name, s))
+                self._held_size += len(s)
+                return
+            self._spilled += len(s)
+        fallback.write(s)
+
+    def write_running(self, name: str, s: str) -> bool:
+        """Send ``s`` to the running cell; False when none runs."""
+        with self._lock:
+            if self.current is None:
+                return False
+            outbox, cell_id = self.current
+            outbox.write(cell_id, name, s)
+            return True
+
+
+def _console_of_caller() -> Console | None:
+    """The console a thread started now by the calling thread belongs to."""
+    console = getattr(_local, "console", None)
+    if console is None:
+        console = getattr(threading.current_thread(), "_monarch_console", None)
+    return console
+
+
+_thread_start = threading.Thread.start  # replaced by install_routers with _start
+
+
+def _start(self, *args, **kwargs):
+    """Thread.start, remembering which engine's cell (if any) started the thread."""
+    console = _console_of_caller()
+    if console is not None:
+        self._monarch_console = console
+    return _thread_start(self, *args, **kwargs)
 
 
 class StreamRouter(io.TextIOBase):
@@ -45,14 +145,24 @@ class StreamRouter(io.TextIOBase):
     def __init__(self, original, name: str):
         self.original = original
         self.name = name
+        self.fd = 1 if name == "stdout" else 2
 
     def write(self, s: str) -> int:
-        cap = current_capture()
+        cap = getattr(_local, "capture", None)
+        console = None
         if cap is None:
-            return self.original.write(s)
+            console = getattr(threading.current_thread(), "_monarch_console", None)
+            if console is None:
+                return self.original.write(s)
         if not isinstance(s, str):
             raise TypeError(f"write() argument must be str, not {type(s).__name__}")
-        cap[0].write(cap[1], self.name, s)
+        fds = _fds
+        if fds is not None:
+            fds.settle()
+        if cap is not None:
+            cap[0].write(cap[1], self.name, s)
+        else:
+            console.write(self.name, s, self.original)
         return len(s)
 
     def flush(self) -> None:
@@ -63,22 +173,80 @@ class StreamRouter(io.TextIOBase):
         return False
 
     def fileno(self) -> int:
-        return self.original.fileno()
+        # with descriptor capture, fds 1 and 2: they reach the running cell
+        return self.fd if _fds is not None else self.original.fileno()
 
     @property
     def encoding(self) -> str:
         return getattr(self.original, "encoding", "utf-8")
 
+    @property
+    def buffer(self) -> _BytesRouter:
+        """``sys.stdout.buffer``: bytes, decoded and routed as text."""
+        return _BytesRouter(self)
+
     def writable(self) -> bool:
         return True
 
 
-def install_routers() -> None:
-    """Route this process's stdout/stderr by thread (idempotent)."""
+class _BytesRouter(io.RawIOBase):
+    def __init__(self, router: StreamRouter):
+        self._router = router
+
+    def write(self, b) -> int:
+        data = bytes(b)
+        self._router.write(data.decode(self._router.encoding, "replace"))
+        return len(data)
+
+    def flush(self) -> None:
+        self._router.flush()
+
+    def fileno(self) -> int:
+        return self._router.fileno()
+
+    def writable(self) -> bool:
+        return True
+
+
+def install_routers(fds: bool = False) -> None:
+    """Route this process's stdout/stderr by thread, attribute threads to the cell that
+    started them and, with ``fds``, capture fds 1 and 2 while cells run (idempotent). Only a
+    process of its own may capture descriptors: they are the whole process's."""
+    global _fds, _thread_start
+    if threading.Thread.start is not _start:
+        _thread_start = threading.Thread.start
+        threading.Thread.start = _start
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         if not isinstance(stream, StreamRouter):
             setattr(sys, name, StreamRouter(stream, name))
+    if not fds or _fds is not None or os.name != "posix":
+        return
+    capture = FdCapture()
+    routers = {}  # id of a stream that writes to fd 1 or 2 -> the router standing in for it
+    for name in ("stdout", "stderr"):
+        router = getattr(sys, name)
+        routers[id(router.original)] = routers[id(getattr(sys, f"__{name}__"))] = router
+        with contextlib.suppress(Exception):
+            router.original.flush()
+        # The router's writes that are not a cell's go to the original descriptor itself,
+        # never through the pipe that fds 1 and 2 are while a cell runs.
+        router.original = capture.original_stream(name, router.original)
+    _point_handlers_at(routers)
+    if faulthandler.is_enabled():  # a crash's traceback must not wait in a pipe that dies
+        faulthandler.enable(file=sys.stderr.original, all_threads=True)
+    _fds = capture
+
+
+def _point_handlers_at(routers: dict) -> None:
+    """Logging handlers that write to the process's original streams (Dask's, set up when it
+    was imported) write to the routers instead: kept out of the cells' descriptors, and still
+    in the cell when a cell logs."""
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", ()):
+            if isinstance(handler, logging.StreamHandler) and id(handler.stream) in routers:
+                handler.setStream(routers[id(handler.stream)])
 
 
 def _last_segment(text: str) -> str:

@@ -32,7 +32,7 @@ from distributed import WorkerPlugin
 from distributed.comm import CommClosedError
 from distributed.core import Status
 
-from .capture import capturing, current_capture, install_routers
+from .capture import Console, current_capture, install_routers
 from .engine_io import Channel, Wire
 
 PLUGIN_NAME = "monarch-engine"
@@ -78,7 +78,8 @@ class Engine:
         self._interrupt_pending = False  # interrupted after taking a cell, before running it
         self._cancelled: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._aloop: asyncio.AbstractEventLoop | None = None
-        install_routers()
+        self.console = Console()  # where its cells' output, and their threads', goes
+        install_routers(fds=_captures_fds(worker))
         _install_display()
         self._thread = threading.Thread(target=self._main, name="monarch-engine", daemon=True)
         self._thread.start()
@@ -217,7 +218,7 @@ class Engine:
             self._eval(body)
             return self._eval(expr) if expr is not None else None
 
-        with capturing(channel.outbox, msg["id"]), self.as_main():
+        with self.console.running(channel.outbox, msg["id"]), self.as_main():
             ok, value = self._run_user(run)
         channel.outbox.end_cell(msg["id"])
         if not ok:
@@ -258,7 +259,7 @@ class Engine:
     def _call(self, channel: Channel, msg: dict[str, Any]) -> dict[str, Any]:
         """A controller-side function run against this engine (push, pull, reset, ...)."""
         fn, args = cloudpickle.loads(msg["fn"])
-        with capturing(channel.outbox, msg["id"]):
+        with self.console.running(channel.outbox, msg["id"]):
             ok, value = self._run_user(lambda: fn(self, *args))
         channel.outbox.end_cell(msg["id"])
         if not ok:
@@ -302,6 +303,13 @@ class Engine:
         if isinstance(exc, KeyboardInterrupt) and not evalue:
             evalue = "interrupted"
         return {"ename": type(exc).__name__, "evalue": evalue, "traceback": lines}
+
+
+def _captures_fds(worker) -> bool:
+    """Whether cells get what is written to fds 1 and 2: those are the whole process's, so only
+    in a worker process of its own (one a nanny started), unless MONARCH_NB_CAPTURE_FDS=0."""
+    wanted = os.environ.get("MONARCH_NB_CAPTURE_FDS", "1") != "0"
+    return wanted and getattr(worker, "nanny", None) is not None
 
 
 def _listen_host(worker) -> str:

@@ -3,18 +3,20 @@
 The engine stops a cell by raising KeyboardInterrupt in its thread (``PyThreadState_SetAsyncExc``),
 which can land at any bytecode, including inside the capture's own code. What reaches the
 controller must then be exactly what the cell printed: each write whole or not at all, never
-twice, in order.
+twice, in order. And which cell a write belongs to when a thread the cell started makes it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import gc
+import io
 import sys
 import threading
 import time
 
-from monarch_nb.capture import MAX_PARTIAL, Outbox
+from monarch_nb import capture
+from monarch_nb.capture import HELD_MAX, MAX_PARTIAL, Console, Outbox
 
 PRINTS = 20_000
 
@@ -141,3 +143,76 @@ def test_a_line_sent_in_parts_for_its_length_ends_without_an_empty_line():
     for piece in (long, "\n", "after", "\n", long, "tail", "\n"):
         outbox.write("c", "stdout", piece)
     assert _received(outbox).splitlines() == [long, "after", long, "tail"]
+
+
+def _lines(events) -> list[tuple[str, str, str]]:
+    """(cell id, stream, line) of each line sent."""
+    return [
+        (ev["id"], ev["name"], line)
+        for ev in events
+        if ev["ev"] == "stream"
+        for line in ev["lines"]
+    ]
+
+
+def test_a_thread_a_cell_starts_prints_into_the_cell_its_engine_runs_else_the_next():
+    """Threads started by a cell (and by those threads) print into the cell running on their
+    engine; between cells what they print is held and opens the engine's next cell."""
+    console = Console()
+    outbox = Outbox(lambda urgent: None)
+    go, said = threading.Event(), threading.Event()
+
+    def later():  # started by the first cell's thread, prints while no cell runs
+        go.wait()
+        assert capture.current_capture() is None
+        console.write("stdout", "between cells\n", io.StringIO())
+        said.set()
+
+    def child():
+        assert capture.current_capture() == (outbox, "c1")
+        console.write("stdout", "in c1\n", io.StringIO())
+        capture._start(threading.Thread(target=later))
+
+    with console.running(outbox, "c1"):
+        t = threading.Thread(target=child)
+        capture._start(t)
+        t.join()
+    outbox.end_cell("c1")
+    go.set()
+    assert said.wait(5)
+    with console.running(outbox, "c2"):
+        outbox.write("c2", "stdout", "c2's own\n")
+    outbox.end_cell("c2")
+    events, _ = outbox.drain()
+    assert _lines(events) == [
+        ("c1", "stdout", "in c1"),
+        ("c2", "stdout", "between cells"),
+        ("c2", "stdout", "c2's own"),
+    ]
+
+
+def test_output_held_between_cells_past_its_bound_goes_to_the_worker_log_and_is_announced():
+    console = Console()
+    outbox = Outbox(lambda urgent: None)
+    log = io.StringIO()
+    line = "x" * 1000 + "\n"
+    n = HELD_MAX // len(line) + 5
+    for _ in range(n):
+        console.write("stdout", line, log)
+    with console.running(outbox, "c"):
+        pass
+    outbox.end_cell("c")
+    events, _ = outbox.drain()
+    got = _lines(events)
+    kept = HELD_MAX // len(line)
+    assert got[:kept] == [("c", "stdout", line[:-1])] * kept
+    spilled = len(line) * (n - kept)
+    assert log.getvalue() == line * (n - kept)
+    assert got[kept:] == [
+        (
+            "c",
+            "stderr",
+            f"[monarch] threads printed {spilled} more characters between cells than are kept "
+            "for the next one; those went to the worker's own log",
+        )
+    ]

@@ -1,12 +1,14 @@
 """Nothing lost, nothing leaked: a 4-rank cluster prints 100,000 lines that all arrive whole
 and in order, and 1,000 consecutive cells leave memory, threads, descriptors and the metrics
-store bounded."""
+store bounded. What threads a cell started print, and what subprocesses and C code write to
+fds 1 and 2, arrive tagged; what Dask itself prints stays in the worker's own log."""
 
 from __future__ import annotations
 
 import gc
 import os
 import threading
+import time
 
 import psutil
 import pytest
@@ -104,3 +106,102 @@ def test_1000_cells_leave_memory_threads_fds_and_metrics_bounded(four, capsys):
     snapshot = four.metrics.scheduler_snapshot()
     assert len(snapshot["ranks"]) == RANKS
     assert all(len(r["scalars"]) <= 200 for r in snapshot["ranks"])
+
+
+def _mine(out: str, rank: int) -> list[str]:
+    tag = f"[rank {rank}] "
+    return [ln[len(tag) :] for ln in out.splitlines() if ln.startswith(tag)]
+
+
+def test_what_threads_a_cell_starts_print_arrives_tagged(four, capsys):
+    """A thread's line goes to the cell that started it; a line printed after that cell ended,
+    while no cell runs, opens the rank's next cell."""
+    four.run(
+        "import threading, time\n"
+        "t = threading.Thread(target=lambda: print('from a thread', rank))\n"
+        "t.start(); t.join()\n"
+        "printed = threading.Event()\n"
+        "def late():\n"
+        "    print('late, from a grandchild', rank)\n"
+        "    printed.set()\n"
+        "def ticker():\n"  # outlives its cell
+        "    time.sleep(0.3)\n"
+        "    threading.Thread(target=late).start()\n"
+        "threading.Thread(target=ticker, daemon=True).start()\n"
+        "print('end of the first cell')",
+        collapse=False,
+    )
+    first = capsys.readouterr().out
+    time.sleep(0.6)  # the grandchild prints while no cell runs (or, if late, into the next)
+    four.run("printed.wait(10)\nprint('second cell')", collapse=False)
+    second = capsys.readouterr().out
+    for rank in range(RANKS):
+        assert _mine(first, rank) == [f"from a thread {rank}", "end of the first cell"]
+        assert _mine(second, rank) == [f"late, from a grandchild {rank}", "second cell"]
+
+
+def test_what_subprocesses_and_c_code_write_to_fds_1_and_2_arrives_tagged_in_order(four, capsys):
+    four.run(
+        "import ctypes, os, subprocess, sys\n"
+        "print('before')\n"
+        "subprocess.run(['echo', f'echo {rank}'])\n"
+        "print('between')\n"
+        "os.system(f'echo system {rank}')\n"
+        "sys.stdout.buffer.write(b'bytes\\n')\n"
+        "print('after')\n"
+        "subprocess.run(['sh', '-c', f'echo to fd 2 {rank} >&2'])\n"
+        "print('on stderr', file=sys.stderr)\n"
+        "ctypes.CDLL(None).printf(b'printf %d\\n', rank)  # buffered by C: sent at the end\n"
+        "None",
+        collapse=False,
+    )
+    captured = capsys.readouterr()
+    for rank in range(RANKS):
+        assert _mine(captured.out, rank) == [
+            "before",
+            f"echo {rank}",
+            "between",
+            f"system {rank}",
+            "bytes",
+            "after",
+            f"printf {rank}",
+        ]
+        assert _mine(captured.err, rank) == [f"to fd 2 {rank}", "on stderr"]
+
+
+def test_what_dask_prints_outside_cells_stays_in_the_worker_log(capfd):
+    """The worker's own stdout/stderr are this test's (capfd), inherited by a cluster started
+    here. What Dask logs and prints on its event loop while a cell runs, and what a subprocess
+    writes after its cell ended, reach them untagged; no cell shows them."""
+    ctl = monarch_nb.up(workers=1, cpu=True, current=False, dist=False)
+    try:
+        ctl.run(
+            "import logging, subprocess, time\n"
+            "from monarch_nb.engine import get_engine\n"
+            "def dask_side():\n"
+            "    print('dask prints')\n"
+            "    logging.getLogger('distributed.worker').warning('dask logs')\n"
+            "get_engine().worker.loop.add_callback(dask_side)\n"
+            "time.sleep(0.5)\n"
+            "subprocess.Popen(['sh', '-c', 'sleep 0.3; echo subprocess after its cell'])\n"
+            "print('cell')"
+        )
+        out = err = ""
+        for _ in range(100):  # until the subprocess has written, between the cells
+            o, e = capfd.readouterr()
+            out, err = out + o, err + e
+            if "subprocess after its cell" in out:
+                break
+            time.sleep(0.1)
+        ctl.run("print('next cell')")
+        o, e = capfd.readouterr()
+        out, err = out + o, err + e
+    finally:
+        ctl.down()
+    assert _mine(out, 0) == ["cell", "next cell"]
+    assert "dask prints\n" in out.splitlines(keepends=True)
+    assert "subprocess after its cell\n" in out.splitlines(keepends=True)
+    assert any(
+        line.endswith("distributed.worker - WARNING - dask logs") for line in err.splitlines()
+    )
+    assert "[rank 0]" not in err
