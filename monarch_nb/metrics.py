@@ -15,12 +15,14 @@ keeps flowing after a restart or a replaced worker.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import numbers
 import operator
 import socket
 import threading
 import time
+import uuid
 import warnings
 import weakref
 from collections import deque
@@ -46,6 +48,7 @@ logger = logging.getLogger(__name__)
 WORKER_PLUGIN = "monarch-metrics"
 EXTENSION = "monarch-metrics"
 FLUSH_INTERVAL = 0.5  # s: each rank sends at most 1 / FLUSH_INTERVAL messages a second
+CATCH_UP = 5.0  # s: the most history() waits for what the ranks logged before it
 MAX_ROWS_PER_FLUSH = 1024  # log() rows a worker keeps between flushes; beyond: evenly thinned
 SAMPLES_PER_FLUSH = 64  # telemetry samples kept between flushes (many only if flushes stall)
 
@@ -147,7 +150,8 @@ class Recorder:
         self.hz = hz
         self.flush_interval = flush_interval
         self.max_rows = max_rows
-        self.sent = 0  # messages
+        self.sent = 0  # messages, numbered 1, 2, ... in each (``seq``): the hub waits on them
+        self.token = uuid.uuid4().hex  # which recorder numbered them (a restart starts anew)
         self._lock = threading.Lock()
         self._rows: list[tuple[int, float, dict]] = []
         self._samples: deque = deque(maxlen=SAMPLES_PER_FLUSH)
@@ -247,7 +251,7 @@ class Recorder:
         msg = self.drain()
         if msg is not None:
             try:
-                self.worker.log_event(TOPIC, msg)
+                self.worker.log_event(TOPIC, {**msg, "rec": self.token, "seq": self.sent + 1})
                 self.sent += 1
             except Exception:
                 logger.exception("metrics: could not send a batch to the scheduler")
@@ -264,6 +268,16 @@ class Recorder:
         self.flush()
         if self._monitor is not None:
             self._monitor.close()
+
+
+def _flush_now(dask_worker) -> tuple[str, int] | None:
+    """Run by ``client.run`` on a worker's event loop: send what is buffered now; returns
+    (its recorder's token, messages sent so far), what the hub waits to have received."""
+    rec = dask_worker.extensions.get(EXTENSION)
+    if rec is None or rec.closed:
+        return None
+    rec.flush()
+    return rec.token, rec.sent
 
 
 class MetricsWorkerPlugin(WorkerPlugin):
@@ -363,6 +377,8 @@ class MetricsHub:
         self.closed = False
         self.scheduler_store = True
         self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)
+        self._received: dict[str, int] = {}  # recorder token -> the last message number received
         self._callbacks: list[Callable[[dict], None]] = []
         client.subscribe_topic(TOPIC, self._on_event)
 
@@ -372,6 +388,9 @@ class MetricsHub:
             return
         with self._lock:
             self.store.add(msg)
+            rec = str(msg.get("rec"))
+            self._received[rec] = max(self._received.get(rec, 0), msg.get("seq", 0))
+            self._arrived.notify_all()
             callbacks = list(self._callbacks)
         for callback in callbacks:
             try:
@@ -379,7 +398,35 @@ class MetricsHub:
             except Exception:
                 logger.exception("metrics: a subscriber failed")
 
+    def catch_up(self, timeout: float = CATCH_UP) -> None:
+        """Have every worker send what its ranks logged so far, and wait (at most ``timeout``)
+        until it is here: a history read right after a cell then holds everything the cell
+        logged, where the periodic flush would leave up to FLUSH_INTERVAL of it on the way.
+        Skipped without a live cluster, and on an event loop (a subscriber's callback), which
+        must not block."""
+        try:
+            asyncio.get_running_loop()
+            return
+        except RuntimeError:
+            pass
+        if self.closed or self.client.status != "running":
+            return
+        try:
+            sent = self.client.run(_flush_now, on_error="return")
+        except Exception:
+            return
+        wanted = [v for v in sent.values() if isinstance(v, tuple)]
+        deadline = time.monotonic() + timeout
+        with self._arrived:
+            while any(self._received.get(token, 0) < n for token, n in wanted):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._arrived.wait(left)
+
     def history(self, ranks=None) -> History:
+        """What the ranks logged, everything logged before this call included (catch_up)."""
+        self.catch_up()
         with self._lock:
             rows = {
                 rs.rank if rs.rank is not None else rs.worker: [Row(*r) for r in rs.scalars]

@@ -74,6 +74,16 @@ def test_log_in_a_cell_reaches_history(clean, hub):
     assert series[1] == ([0, 10, 20, 30, 40], [1.0, 1.1, 1.2, 1.3, 1.4])
 
 
+def test_history_right_after_a_cell_holds_everything_it_logged(clean, hub):
+    """No waiting: history() has the workers send what is buffered and waits for it, where
+    the periodic flush would leave up to half a second of rows on the way."""
+    name = unique("loss")
+    clean.run(f"import monarch_nb\nfor i in range(30):\n    monarch_nb.log(step=i, {name}=i)")
+    history = hub.history()
+    for rank in (0, 1):
+        assert [row.step for row in history[rank] if name in row.values] == list(range(30))
+
+
 def test_step_defaults_to_previous_plus_one(clean, hub):
     name = unique("acc")
     clean.run(
