@@ -1,4 +1,4 @@
-"""Polling helper shared by the tests."""
+"""Polling helpers shared by the tests."""
 
 from __future__ import annotations
 
@@ -13,3 +13,17 @@ def wait_for(predicate, timeout: float = 60, interval: float = 0.2) -> bool:
             return True
         time.sleep(interval)
     return False
+
+
+def running(pids) -> list[int]:
+    """The pids that are still processes (a zombie has exited: it only waits to be reaped)."""
+    import psutil
+
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive

@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from _wait import wait_for
+from _wait import running, wait_for
 from IPython.utils.capture import capture_output
 
 import monarch_nb
@@ -357,19 +357,6 @@ KEEP_ITERATOR = (
 )
 
 
-def _running(pids) -> list[int]:
-    import psutil
-
-    alive = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
-
-
 def test_a_cell_can_start_a_dataloader_with_workers(cell, clean):
     import dask
 
@@ -390,7 +377,7 @@ def test_down_leaves_no_worker_or_dataloader_process_behind(no_current):
     ours = {p.pid for p in psutil.Process().children(recursive=True)} - before
     assert len(ours) >= 6  # two workers, each with two DataLoader processes
     ctl.down()
-    assert wait_for(lambda: not _running(ours), timeout=30), _running(ours)
+    assert wait_for(lambda: not running(ours), timeout=30), running(ours)
 
 
 EXIT_WITHOUT_DOWN = f"""
@@ -411,7 +398,7 @@ def test_an_interpreter_that_exits_without_down_takes_its_workers_with_it(tmp_pa
     assert done.returncode == 0, done.stderr
     pids = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(pids) >= 6
-    assert wait_for(lambda: not _running(pids), timeout=10), _running(pids)
+    assert wait_for(lambda: not running(pids), timeout=10), running(pids)
 
 
 @pytest.mark.parametrize("name", ["1bad", "a-b", "for"])

@@ -13,9 +13,8 @@ import sys
 import threading
 import time
 
-import psutil
 import pytest
-from _wait import wait_for
+from _wait import running, wait_for
 
 import monarch_nb
 from monarch_nb import CellError, ClusterError, registry
@@ -31,18 +30,6 @@ def own():
     ctl = monarch_nb.up(workers=2, cpu=True, current=False)
     yield ctl
     ctl.down()
-
-
-def running(pids) -> list[int]:
-    """The pids that are still processes (a zombie has exited: it only waits to be reaped)."""
-    alive = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
 
 
 # -- a worker killed in the middle of a cell ----------------------------------------------------

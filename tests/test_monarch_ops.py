@@ -214,14 +214,6 @@ def test_missing_triton_warns_once_and_falls_back(monkeypatch):
     assert ops._use_triton(torch.device("cpu")) is False
 
 
-def test_unusable_triton_warns_and_falls_back(monkeypatch):
-    """A Triton whose version does not parse (a source build's "main") is no crash either."""
-    monkeypatch.setattr(ops, "_triton_state", {})
-    monkeypatch.setitem(sys.modules, "triton", types.SimpleNamespace(__version__="main"))
-    with pytest.warns(RuntimeWarning, match="Triton is not usable.*ValueError.*torch path"):
-        assert ops._use_triton(torch.device("cuda")) is False
-
-
 def test_double_backward_matches_the_reference():
     """create_graph=True (a gradient penalty): the eager route's backward is differentiable
     again, and where it is not asked to be, the kernels' backward runs as before."""
@@ -273,10 +265,17 @@ def test_functorch_transforms_match_the_reference():
         torch.testing.assert_close(per_sample["w1"][i], layer.w1.grad)
 
 
-def test_old_triton_warns(monkeypatch):
+@pytest.mark.parametrize(
+    ("version", "match"),
+    [
+        ("2.1.0", "older than 3.0"),
+        ("main", "Triton is not usable.*ValueError.*torch path"),  # a source build's: no crash
+    ],
+)
+def test_old_or_unusable_triton_warns_and_falls_back(monkeypatch, version, match):
     monkeypatch.setattr(ops, "_triton_state", {})
-    monkeypatch.setitem(sys.modules, "triton", types.SimpleNamespace(__version__="2.1.0"))
-    with pytest.warns(RuntimeWarning, match="older than 3.0"):
+    monkeypatch.setitem(sys.modules, "triton", types.SimpleNamespace(__version__=version))
+    with pytest.warns(RuntimeWarning, match=match):
         assert ops._use_triton(torch.device("cuda:0")) is False
 
 
