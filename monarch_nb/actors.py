@@ -20,7 +20,7 @@ Names and semantics follow torchmonarch::
     await counters.incr.call()                  # in a notebook cell
 
 Adverbs: ``call`` (a Future of a ValueMesh), ``call_one`` (a mesh of one actor), ``choose`` (the
-actor with the fewest of this process's messages unanswered), ``stream`` (futures in arrival
+actor with the fewest of this process's calls unanswered), ``stream`` (futures in arrival
 order), ``broadcast`` (fire and forget; failures are printed on the controller and kept in
 ``broadcast_errors()``). Messages go straight from the caller to the actor's worker over
 distributed comms, never through the task queue. This module holds meshes and slicing;

@@ -99,10 +99,9 @@ class ActorEndpoint:
         return gather(self._mesh, msgs, self._where, lambda raw: next(iter(raw.values())))
 
     def choose(self, *args, **kwargs) -> Future:
-        """One actor, the one with the fewest messages from this process still unanswered
-        (calls by any adverb; broadcasts until the actor has run them); ties take turns.
-        Messages other processes (other actors) sent it are not counted. A Future of its
-        value."""
+        """One actor, the one with the fewest calls from this process still unanswered (by
+        any adverb but ``broadcast``, which has no answer); ties take turns. Calls other
+        processes (other actors) made are not counted. A Future of its value."""
         mesh = self._mesh
         box = mesh._mailbox
         targets = mesh._targets()
@@ -144,17 +143,14 @@ class ActorEndpoint:
         """Every actor, without waiting; a failure is reported to the controller (printed there
         and kept in ``broadcast_errors()``), never lost."""
         mesh = self._mesh
-        msgs = [{**m, "broadcast": True} for m in self._messages(mesh._targets(), args, kwargs)]
+        msgs = self._messages(mesh._targets(), args, kwargs)
         _check_alive(mesh, msgs)
-        # Each actor acknowledges it once run, so choose() counts it as running until then.
-        _send(mesh, msgs, _ignore, _ignore)
+        # No reply, so no bookkeeping either: an acknowledgement per actor (which choose()
+        # could count) halved the rate of broadcasts (benchmarks/bench_actors.py)
+        mesh._mailbox.send([(mesh._members[mesh._positions[m["pt"]]].address, m) for m in msgs])
 
 
 _rotation = itertools.count()
-
-
-def _ignore(*args) -> None:
-    pass
 
 
 def _check_alive(mesh, msgs: list[dict]) -> None:

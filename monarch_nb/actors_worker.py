@@ -230,14 +230,11 @@ class ActorRunner:
 
 
 def _reply(channel: Channel, owner: Channel, msg: dict, reply: dict) -> None:
-    """Answer a call. A broadcast's sender gets an acknowledgement without the value (it counts
-    the message as running until then), and a failure goes to the mesh's owner, who reports it."""
-    broadcast = msg.get("broadcast", "id" not in msg)
-    if broadcast and not reply["ok"]:
-        owner.send({"r": msg["r"], "where": msg["where"], "broadcast": True, **reply})
+    """Answer a call; a broadcast (no id) only answers failures, to the mesh's owner."""
     if "id" in msg:
-        answer = {"ok": True, "v": None} if broadcast else reply
-        channel.send({"id": msg["id"], "r": msg["r"], **answer})
+        channel.send({"id": msg["id"], "r": msg["r"], **reply})
+    elif not reply["ok"]:
+        owner.send({"r": msg["r"], "where": msg["where"], "broadcast": True, **reply})
 
 
 def _value(value: Any) -> dict[str, Any]:
