@@ -14,6 +14,7 @@ _short = reprlib.Repr()
 _short.maxstring = 60
 _short.maxother = 60
 _short.maxlist = _short.maxtuple = _short.maxdict = 6
+FULL_REPR = 4000  # characters of one rank's value that the notebook's table shows
 
 
 class ValueMesh:
@@ -99,15 +100,35 @@ class ValueMesh:
         more = f", ... {len(self._values) - 8} more" if len(self._values) > 8 else ""
         return f"ValueMesh({{{body}{more}}})"
 
+    def _repr_pretty_(self, p, cycle: bool) -> None:
+        """IPython's display: every rank's value in full, laid out as a dict's (``repr()``
+        stays short, for logs and error messages)."""
+        if cycle:
+            p.text("ValueMesh(...)")
+            return
+        with p.group(len("ValueMesh({"), "ValueMesh({", "})"):
+            for i, (rank, value) in enumerate(self._values.items()):
+                if i:
+                    p.text(",")
+                    p.breakable()
+                with p.group(len(f"{rank}: "), f"{rank}: ", ""):  # continuation lines align
+                    p.pretty(value)
+
     def _repr_html_(self) -> str:
         rows = "".join(
-            f"<tr><td>{r}</td><td><code>{html.escape(_short.repr(v))}</code></td></tr>"
+            f"<tr><td>{r}</td><td><pre style='margin:0'>{html.escape(_full(v))}</pre></td></tr>"
             for r, v in self._values.items()
         )
         return (
             f"<table><caption>ValueMesh over {len(self._values)} ranks</caption>"
             f"<tr><th>rank</th><th>value</th></tr>{rows}</table>"
         )
+
+
+def _full(value: Any) -> str:
+    """``repr(value)``, cut after FULL_REPR characters (saying how many there were)."""
+    text = repr(value)
+    return text if len(text) <= FULL_REPR else f"{text[:FULL_REPR]}… ({len(text)} characters)"
 
 
 class UnserializableResult:

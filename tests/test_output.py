@@ -120,3 +120,23 @@ def test_flood_of_identical_lines_stays_linear():
     r.close()
     assert len(sink.out) == n
     assert all(line == ("stdout", "[ranks 0-3] same") for line in sink.out)
+
+
+def test_a_value_mesh_shows_every_value_in_full_where_repr_stays_short():
+    """IPython's display (text and HTML) shows each rank's value whole, as a dict's would;
+    ``repr()`` keeps its short form for logs and messages."""
+    import html
+
+    import torch
+    from IPython.lib.pretty import pretty
+
+    from monarch_nb.results import ValueMesh
+
+    values = {0: torch.arange(40.0).view(4, 10), 1: "x" * 100}
+    mesh = ValueMesh(values)
+    shown = pretty(mesh)
+    assert all(line.strip() in shown for line in repr(values[0]).splitlines())
+    assert "x" * 100 in shown and shown.startswith("ValueMesh({0: tensor(")
+    assert pretty(ValueMesh({0: 105, 1: 105})) == "ValueMesh({0: 105, 1: 105})"
+    assert len(repr(mesh)) < 200
+    assert html.escape(repr(values[0])) in mesh._repr_html_()
