@@ -90,11 +90,14 @@ def _use_triton(device: torch.device) -> bool:
 def _torch_forward(
     x2: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(y, h)``: the output and the feature-major intermediate ``h.T`` (k*q, B)."""
+    """``(y, h)``: the output, a tensor of its own, and the feature-major intermediate ``h.T``
+    (k*q, B)."""
     ht, yt = blas.forward_stages(x2, w1, w2)
     l, s, b = yt.shape
-    # (l, s, B) -> (s, l, B) moves rows of B contiguous elements; then one 2-d transpose
-    return yt.transpose(0, 1).reshape(s * l, b).t().contiguous(), ht.view(-1, b)
+    # (l, s, B) -> (s, l, B) moves rows of B contiguous elements; then one 2-d transpose, copied
+    # even where it is contiguous already (one row): the output is never a view
+    y = yt.transpose(0, 1).reshape(s * l, b).t().clone(memory_format=torch.contiguous_format)
+    return y, ht.view(-1, b)
 
 
 def _torch_backward(
@@ -282,7 +285,7 @@ class _MonarchMatmul(torch.autograd.Function):
         """Rows ``(B, s*l)``, never a view (the caller views them in the batch's shape)."""
         y, h = _forward(x, w1, w2, keep=True)
         ctx.save_for_backward(x, w1, w2, h)
-        return y.clone() if y._is_view() else y  # a view only where one row or column
+        return y
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
