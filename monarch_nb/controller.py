@@ -24,7 +24,7 @@ from typing import Any
 
 import cloudpickle
 
-from . import dashboard, gathering, metrics, registry, remote
+from . import dashboard, gathering, metrics, registry, remote, syntax
 from .engine import PLUGIN_NAME, EnginePlugin
 from .handles import CellHandle
 from .links import Link, RankInfo, Reader, Request, Router
@@ -358,13 +358,17 @@ class Controller:
         quiet: bool = False,
         watch=None,
     ):
-        """Run ``code`` on every targeted rank; returns a ValueMesh of each rank's last
+        """Run ``code`` on every targeted rank (Python, with IPython's ``!cmd`` and the magics
+        rank_shell.py lists); returns a ValueMesh of each rank's last
         expression (``block=False``: a CellHandle at once). ``watch(request)`` is called once
         the cell is sent (the magic puts a live panel on it)."""
         self._check_open()
         self.announce()
         ranks = self.targets(targets)
-        ast.parse(code, "<cell>")  # a SyntaxError is reported before anything is sent
+        # IPython's syntax (``!cmd``, ``%time``) becomes Python here; a SyntaxError or a magic
+        # the ranks lack is reported before anything is sent.
+        python = syntax.to_python(code)
+        ast.parse(python, "<cell>")
         busy = self._router.busy()
         waiting = sorted(set(busy) & set(ranks))
         if waiting and block and not quiet:
@@ -374,9 +378,10 @@ class Controller:
                 f"{them} (interrupt to cancel it)",
                 file=sys.stderr,
             )
-        req = self._submit(
-            "execute", ranks, {"op": "execute", "code": code, "n": next(self._cells)}
-        )
+        msg = {"op": "execute", "code": python, "n": next(self._cells)}
+        if python is not code:
+            msg["source"] = code
+        req = self._submit("execute", ranks, msg)
         sink = None if block else live_sink(f"[{format_ranks(ranks)}] running in the background")
         renderer = Renderer(ranks, sink=sink, collapse=collapse, stream=stream)
         if watch is not None:

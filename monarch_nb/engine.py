@@ -32,11 +32,13 @@ from distributed import WorkerPlugin
 from distributed.comm import CommClosedError
 from distributed.core import Status
 
+from . import rank_shell
 from .capture import Console, current_capture, install_routers
 from .engine_io import Channel, Wire
+from .rank_shell import RankShell
 
 PLUGIN_NAME = "monarch-engine"
-IDENTITY = ("rank", "world_size", "local_rank", "host", "device", "display")
+IDENTITY = ("rank", "world_size", "local_rank", "host", "device", "display", "get_ipython")
 CELL_PREFIX = "<monarch cell "
 MAX_CANCELLED = 1024  # ids of interrupted-before-they-ran requests remembered
 
@@ -70,6 +72,7 @@ class Engine:
         self.main = types.ModuleType("__main__")
         self.namespace: dict[str, Any] = self.main.__dict__
         self.namespace.clear()  # empty until setup fills it
+        self.shell = RankShell(self.namespace)  # get_ipython() in its cells
         self.wire = Wire(_listen_host(worker), _ssl_context(worker))
         self._lock = threading.Lock()
         self._current: str | None = None
@@ -206,13 +209,15 @@ class Engine:
 
     def _execute(self, channel: Channel, msg: dict[str, Any]) -> dict[str, Any]:
         code, filename = msg["code"], f"{CELL_PREFIX}{msg.get('n', 0)}>"
-        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        # Tracebacks show the cell as written (``!ls``), not the Python it became.
+        source = msg.get("source", code)
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         tree = ast.parse(code, filename)
         last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
         flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
         body = compile(tree, filename, "exec", flags=flags)
         expr = compile(ast.Expression(last.value), filename, "eval", flags=flags) if last else None
-        silent = _ends_in_semicolon(code)
+        silent = _ends_in_semicolon(source)
 
         def run():
             self._eval(body)
@@ -284,6 +289,7 @@ class Engine:
             **self.identity,
             "device": torch.device(self.device_info["torch"]),
             "display": display,
+            "get_ipython": self.shell.get_ipython,
         }
 
     def reset_namespace(self) -> None:
@@ -295,7 +301,8 @@ class Engine:
 
     def _format_error(self, exc: BaseException) -> dict[str, Any]:
         te = traceback.TracebackException.from_exception(exc)
-        frames = list(te.stack)
+        # The rank shell's own frames (between a cell's %time line and its code) are noise.
+        frames = [f for f in te.stack if f.filename != rank_shell.__file__]
         first = next((i for i, f in enumerate(frames) if f.filename.startswith(CELL_PREFIX)), None)
         te.stack = traceback.StackSummary.from_list(frames[first:] if first is not None else [])
         lines = "".join(te.format()).rstrip("\n").splitlines()

@@ -7,15 +7,12 @@ pinning, and streams its output back like a cell's. An interrupt stops the child
 
 from __future__ import annotations
 
-import codecs
-import contextlib
 import os
-import selectors
-import signal
 import socket
 import subprocess
 import sys
 
+from . import children
 from .dist import master_host
 from .results import CellError, RemoteError, ValueMesh
 
@@ -74,41 +71,4 @@ def _run(engine, script: str, args: list[str], env: dict[str, str]) -> int:
         stdin=subprocess.DEVNULL,
         start_new_session=True,
     )
-    try:
-        _pump(proc)
-        return proc.wait()
-    except BaseException:
-        _stop(proc)
-        raise
-
-
-def _pump(proc: subprocess.Popen) -> None:
-    """Copy the child's stdout/stderr into this rank's output as it arrives."""
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ, sys.stdout)
-    sel.register(proc.stderr, selectors.EVENT_READ, sys.stderr)
-    decoders = {}
-    open_streams = 2
-    while open_streams:
-        for key, _ in sel.select(timeout=0.1):
-            chunk = os.read(key.fd, 65536)
-            dec = decoders.setdefault(key.fd, codecs.getincrementaldecoder("utf-8")("replace"))
-            if not chunk:
-                sel.unregister(key.fileobj)
-                open_streams -= 1
-                key.data.write(dec.decode(b"", final=True))
-                continue
-            key.data.write(dec.decode(chunk))
-    sel.close()
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(timeout=2)
-    except (subprocess.TimeoutExpired, ProcessLookupError):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    return children.finish(proc, sys.stdout.write, sys.stderr.write)

@@ -25,7 +25,7 @@ from IPython.core.magic_arguments import (
     parse_argstring,
 )
 
-from . import actors, metrics, plots, start
+from . import actors, metrics, plots, start, syntax
 from . import controller as ctl_module
 from .controller import CellHandle, ClusterError
 from .launch import run_script
@@ -271,6 +271,10 @@ class MonarchMagics(Magics):
             [rank 0] sum 0.0
             [rank 1] sum 2.0
             Out[7]: ValueMesh({0: tensor([0., 0.]), 1: tensor([1., 1.])})
+
+        The cell may use IPython's shell syntax: ``!cmd``, ``out = !cmd``, ``%time``,
+        ``%timeit``, ``%pip``, ``%cd``, ``%pwd``, ``%env``, and on its first line ``%%time``,
+        ``%%timeit``, ``%%bash``, ``%%sh`` or ``%%writefile`` (other magics are refused).
         """
         if cell is not None:
             return self._cell(line, cell)
@@ -488,7 +492,9 @@ class MonarchMagics(Magics):
             raise UsageError(f"--out takes a Python name to store the result as, got {args.out!r}")
         ctl = self._ctl()
         try:
-            tree = ast.parse(cell, "<cell>")
+            tree = ast.parse(syntax.to_python(cell), "<cell>")
+        except syntax.UnavailableMagic as e:
+            raise UsageError(str(e)) from None
         except SyntaxError as e:
             raise CellSyntaxError(e) from None
         except ValueError as e:  # null bytes: Python 3.11 raises ValueError, 3.12 SyntaxError

@@ -121,6 +121,8 @@ def test_auto_mode(cell, clean):
     cell("%monarch auto")
     try:
         assert cell("r = rank * 3\nr").values() == [0, 3]
+        cell("!echo auto on {rank}")  # the cell reaches the ranks before IPython's ! would
+        assert "[rank 1] auto on 1" in cell.out
         cell("%monarch status")
         assert "idle" in cell.out
     finally:

@@ -66,6 +66,9 @@ def test_quickstart_shows_rank_output_errors_and_background_cells():
     assert "1 of 2 ranks failed" in by_source["%%monarch --out partial"]
     assert "ZeroDivisionError" in by_source["%%monarch --out partial"]
     assert "ran past --timeout 2 s" in by_source["%%monarch --timeout 2"]
+    shell = next(text_of(c) for c in nb.cells if "!echo" in c.source)
+    assert "[rank 1] rank 1 runs in notebooks" in shell and "Wall time:" in shell
+    assert "ValueMesh({0: 'Linux', 1: 'Linux'})" in shell
     background = by_source["%%monarch --noblock --out job"]
     assert "[ranks 0-1] step 2" in background  # arrives in the cell that started it
     assert "ValueMesh({0: 0, 1: 100})" in by_source["job.result(timeout=60)"]

@@ -1,0 +1,67 @@
+"""Child processes a rank starts (``%monarch run``'s scripts, a cell's ``!cmd`` and ``%%bash``):
+their output copied into the rank's as it arrives, and stopping them when the rank is
+interrupted.
+
+The copy loop wakes every 0.1 s, so an interrupt sent to the rank's thread (an asynchronous
+KeyboardInterrupt) lands in Python code even while the child is silent; the caller then stops
+the child's whole process group.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import os
+import selectors
+import signal
+import subprocess
+from collections.abc import Callable
+
+Write = Callable[[str], object]
+
+
+def pump(proc: subprocess.Popen, out: Write, err: Write) -> None:
+    """Copy the child's stdout to ``out`` and its stderr to ``err`` (decoded text, as it
+    arrives) until both close. A stream the child shares with stdout (``stderr=STDOUT``) or
+    does not pipe is skipped."""
+    sel = selectors.DefaultSelector()
+    for stream, write in ((proc.stdout, out), (proc.stderr, err)):
+        if stream is not None:
+            sel.register(stream, selectors.EVENT_READ, write)
+    decoders = {}
+    open_streams = len(sel.get_map())
+    while open_streams:
+        for key, _ in sel.select(timeout=0.1):
+            chunk = os.read(key.fd, 65536)
+            dec = decoders.setdefault(key.fd, codecs.getincrementaldecoder("utf-8")("replace"))
+            if not chunk:
+                sel.unregister(key.fileobj)
+                open_streams -= 1
+                key.data(dec.decode(b"", final=True))
+                continue
+            key.data(dec.decode(chunk))
+    sel.close()
+
+
+def finish(proc: subprocess.Popen, out: Write, err: Write) -> int:
+    """Pump the child's output until it exits; its exit code. Any exception (an interrupt)
+    stops the child first."""
+    try:
+        pump(proc, out, err)
+        return proc.wait()
+    except BaseException:
+        stop(proc)
+        raise
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGINT to the child's process group, SIGKILL if it is still there 2 s later."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=2)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
