@@ -8,6 +8,7 @@ import pytest
 
 import monarch_nb
 from monarch_nb.dist import DistError, default_backend, form_group, master_host
+from monarch_nb.launch import host_visibility
 
 
 def test_all_reduce_sums_the_ranks(clean):
@@ -99,3 +100,37 @@ def test_run_a_torchrun_style_script(cell, clean, tmp_path, monkeypatch):
     assert "run: no script at 'missing.py'" in str(cell.error)
     cell("%monarch run /nonexistent/abs.py", expect_error=True)
     assert "FileNotFoundError" in "\n".join(cell.error._render_traceback_())
+
+
+def test_scripts_see_their_hosts_pinned_gpus_in_local_rank_order():
+    a, b = "node-a", "node-b"
+    pins = [{"CUDA_VISIBLE_DEVICES": "3"}, {"CUDA_VISIBLE_DEVICES": "1"}, {}, {}]
+    assert host_visibility([a, a, b, b], pins) == [
+        {"CUDA_VISIBLE_DEVICES": "3,1"},
+        {"CUDA_VISIBLE_DEVICES": "3,1"},
+        {},  # not pinned: keeps the worker's own environment
+        {},
+    ]
+    rocm = [{"ROCR_VISIBLE_DEVICES": "0,1", "HIP_VISIBLE_DEVICES": str(i)} for i in range(2)]
+    assert host_visibility([a, a], rocm) == [{"HIP_VISIBLE_DEVICES": "0,1"}] * 2
+    shared = [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "0"}]
+    assert host_visibility([a, a], shared) == [{}, {}]  # one GPU for both: nothing to choose
+    assert host_visibility([a, b], pins[:2]) == [{}, {}]  # alone on its host: its one GPU
+
+
+PINNED = """
+import os
+print("local", os.environ["LOCAL_RANK"], "sees", os.environ["CUDA_VISIBLE_DEVICES"])
+"""
+
+
+def test_a_pinned_ranks_script_finds_its_own_gpu_at_local_rank(cell, clean, tmp_path):
+    # Pinned as %monarch up pins GPU workers; on this machine the variable is only read.
+    clean.run("import os\nos.environ['CUDA_VISIBLE_DEVICES'] = str(7 - rank)")
+    try:
+        (tmp_path / "pinned.py").write_text(PINNED)
+        cell(f"%monarch run {tmp_path / 'pinned.py'}")
+        assert "[rank 0] local 0 sees 7,6" in cell.out
+        assert "[rank 1] local 1 sees 7,6" in cell.out  # entry 1 is rank 1's GPU, 6
+    finally:
+        clean.run("del os.environ['CUDA_VISIBLE_DEVICES']")
