@@ -191,7 +191,8 @@ class ActorRunner:
             token = _context.set(Context(self.instance, rank))
             try:
                 actor = cls.__new__(cls)
-                actor.__init__(*args, **kwargs)
+                with self._plain_code():
+                    actor.__init__(*args, **kwargs)
             finally:
                 _context.reset(token)
             self.actor = actor
@@ -214,12 +215,26 @@ class ActorRunner:
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
                 return
-            reply = _value(ep.method(self.actor, *args, **kwargs))
+            with self._plain_code():
+                value = ep.method(self.actor, *args, **kwargs)
+            reply = _value(value)
         except BaseException as e:
             reply = _error(e)
         finally:
             _context.reset(token)
         _reply(channel, self.owner, msg, reply)
+
+    @contextlib.contextmanager
+    def _plain_code(self):
+        """Run ``__init__`` or a sync endpoint as plain code, as Monarch runs them: no running
+        event loop shows, so ``asyncio.run`` and libraries that run a loop of their own work
+        inside it. The actor's loop cannot move meanwhile anyway: this is its thread."""
+        asyncio._set_running_loop(None)
+        try:
+            yield
+        finally:
+            asyncio.set_event_loop(self.loop)  # asyncio.run leaves none set
+            asyncio._set_running_loop(self.loop)
 
     async def _call_async(self, channel, msg, ep, args, kwargs) -> None:
         try:

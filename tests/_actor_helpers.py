@@ -94,6 +94,27 @@ class Sleeper(Actor):
         return threading.current_thread().name
 
 
+class LoopUser(Actor):
+    """Sync code that runs an event loop of its own, as a library's sync API might."""
+
+    def __init__(self):
+        self.ready = asyncio.run(_double(21))
+
+    @endpoint
+    def run_loop(self, x):
+        return self.ready, asyncio.run(_double(x))
+
+    @endpoint
+    async def on_the_actors_loop(self):
+        await asyncio.sleep(0)
+        return asyncio.get_running_loop() is asyncio.get_event_loop()
+
+
+async def _double(x):
+    await asyncio.sleep(0)
+    return 2 * x
+
+
 class Broken(Actor):
     def __init__(self, bad_rank):
         if context().actor_instance.cluster_rank == bad_rank:

@@ -170,6 +170,16 @@ def test_sync_endpoints_run_one_at_a_time(counters):
     assert time.monotonic() - start >= 0.6
 
 
+def test_sync_code_may_run_an_event_loop_of_its_own(mesh):
+    users = mesh.spawn("loop-users", helpers.LoopUser)  # __init__ calls asyncio.run
+    try:
+        assert users.run_loop.call(5).get(timeout=10).values() == [(42, 10), (42, 10)]
+        assert users.on_the_actors_loop.call().get(timeout=10).values() == [True, True]
+        assert users.run_loop.call(1).get(timeout=10).values() == [(42, 2), (42, 2)]
+    finally:
+        users.stop().get(timeout=10)
+
+
 def test_await_in_a_notebook_cell(shell, cell, ctl, counters):
     controller_module._set_current(ctl)
     shell.user_ns["counters"] = counters
