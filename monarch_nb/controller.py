@@ -403,6 +403,22 @@ class Controller:
         outcomes, stopped = self._collect(req, Renderer(ranks))
         return self._settle(req, outcomes, stopped)
 
+    def apply(self, fn, /, *args, targets=None, **kwargs) -> ValueMesh:
+        """``fn(*args, **kwargs)`` on every targeted rank, in the rank's thread after the cells
+        sent before it (ipyparallel's ``apply_sync``, Dask's ``client.run``); a ValueMesh of
+        what it returned. ``fn`` travels by value, so a lambda or a function defined in the
+        notebook works; what it prints streams back as a cell's does."""
+        if not callable(fn):
+            raise TypeError(f"apply takes a function to run on the ranks, got {type(fn).__name__}")
+        try:
+            blob = cloudpickle.dumps((fn, args, kwargs), protocol=5)
+        except Exception as e:
+            name = getattr(fn, "__qualname__", type(fn).__name__)
+            raise TypeError(
+                f"apply: {name} or its arguments cannot be sent to the ranks: {e}"
+            ) from None
+        return self.call(_apply, blob, targets=targets)
+
     def targets(self, spec=None) -> list[int]:
         return parse_targets(spec, self.world_size)
 
@@ -589,3 +605,8 @@ class Controller:
     def __repr__(self) -> str:
         state = "down" if self.closed else f"{self.world_size} ranks"
         return f"<monarch_nb.Controller {state}>"
+
+
+def _apply(engine, blob: bytes):
+    fn, args, kwargs = cloudpickle.loads(blob)
+    return fn(*args, **kwargs)

@@ -304,12 +304,21 @@ class Engine:
         # The rank shell's own frames (between a cell's %time line and its code) are noise.
         frames = [f for f in te.stack if f.filename != rank_shell.__file__]
         first = next((i for i, f in enumerate(frames) if f.filename.startswith(CELL_PREFIX)), None)
-        te.stack = traceback.StackSummary.from_list(frames[first:] if first is not None else [])
+        if first is None:  # a function sent by the controller (apply): from the user's code on
+            first = next((i for i, f in enumerate(frames) if not _ours(f.filename)), len(frames))
+        te.stack = traceback.StackSummary.from_list(frames[first:])
         lines = "".join(te.format()).rstrip("\n").splitlines()
         evalue = str(exc)
         if isinstance(exc, KeyboardInterrupt) and not evalue:
             evalue = "interrupted"
         return {"ename": type(exc).__name__, "evalue": evalue, "traceback": lines}
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _ours(filename: str) -> bool:
+    return os.path.abspath(filename).startswith(_PACKAGE)
 
 
 def _captures_fds(worker) -> bool:

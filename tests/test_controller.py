@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import _thread
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -188,6 +189,35 @@ def test_classes_defined_in_a_cell_pickle_on_the_worker(clean):
         False,
         False,
     ]
+
+
+def scaled(x, by=1):
+    print("scaling", x)
+    return x * by
+
+
+def test_apply_runs_a_function_on_every_rank_after_the_cells_before_it(clean, capsys):
+    assert clean.apply(scaled, 3, by=2).values() == [6, 6]
+    assert "[ranks 0-1] scaling 3" in capsys.readouterr().out
+    assert clean.apply(lambda: 7, targets="1").items() == [(1, 7)]
+    # Queued behind a cell still running, as a cell would be: it sees what the cell did.
+    clean.run("import os, time\ntime.sleep(0.5)\nos.environ['APPLY_SEES'] = str(rank)", block=False)
+    try:
+        assert clean.apply(lambda: os.environ["APPLY_SEES"]).values() == ["0", "1"]
+    finally:
+        clean.run("del os.environ['APPLY_SEES']")
+
+
+def test_apply_errors_show_the_functions_own_frames(clean):
+    with pytest.raises(CellError) as info:
+        clean.apply(scaled, None, by=2)
+    rendered = "\n".join(info.value.errors[0].traceback)
+    assert "in scaled" in rendered and "TypeError" in rendered
+    assert "monarch_nb/" not in rendered  # the rank's own frames are left out
+    with pytest.raises(TypeError, match="apply takes a function to run on the ranks, got int"):
+        clean.apply(3)
+    with pytest.raises(TypeError, match="apply: scaled or its arguments cannot be sent"):
+        clean.apply(scaled, threading.Lock())
 
 
 def test_push_of_something_unpicklable_names_it(clean):
