@@ -12,6 +12,8 @@ anything is sent.
 from __future__ import annotations
 
 import ast
+import contextlib
+import fcntl
 import os
 import re
 import resource
@@ -21,6 +23,7 @@ import sys
 import tempfile
 import time
 import timeit as timeit_module
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -265,18 +268,44 @@ def _timeit_cell(shell, line, cell, frame):
 # -- the rank's environment ------------------------------------------------------------------
 @_line_magic("pip")
 def _pip(shell, line, frame):
-    """%pip ARGS: pip in the ranks' own Python (``sys.executable -m pip``)."""
+    """%pip ARGS: pip in the ranks' own Python (``sys.executable -m pip``). The ranks of a
+    host share that Python, so they take turns: two pips writing one site-packages at once
+    can leave it broken; the second finds the work done."""
     from IPython.core.error import UsageError
 
     args = shlex.split(line)
     if not args:
         raise UsageError("%pip needs a pip command, for example %pip install einops")
-    proc = _shell([sys.executable, "-m", "pip", *args], stderr=subprocess.PIPE)
-    code = children.finish(proc, _write_out, _write_err)
+    with pip_turn():
+        proc = _shell([sys.executable, "-m", "pip", *args], stderr=subprocess.PIPE)
+        code = children.finish(proc, _write_out, _write_err)
     if code != 0:
         raise subprocess.CalledProcessError(code, f"pip {line}")
     if args[0] in ("install", "uninstall"):
         print("Note: restart the ranks (%monarch restart) to use updated packages.")
+
+
+def pip_turn():
+    """The turn to run pip in this Python (``sys.prefix``), shared by the processes of a host."""
+    return _turn(f"pip-{zlib.crc32(sys.prefix.encode()):08x}")
+
+
+@contextlib.contextmanager
+def _turn(name: str):
+    """An exclusive lock shared by the processes of this host (a file lock in the temporary
+    directory), waited for in short steps so that an interrupt still lands."""
+    path = os.path.join(tempfile.gettempdir(), f"monarch-nb-{name}.lock")
+    with open(path, "a") as f:
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 @_line_magic("cd")

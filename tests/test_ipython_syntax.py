@@ -12,6 +12,7 @@ from _wait import running
 from IPython.core.magics.execution import TimeitResult
 
 from monarch_nb import CellError, CellTimeout
+from monarch_nb.rank_shell import pip_turn
 from monarch_nb.syntax import UnavailableMagic, to_python
 
 
@@ -99,6 +100,13 @@ def test_pip_runs_in_the_ranks_python(cell, clean):
     with pytest.raises(CellError) as info:
         clean.run("%pip")
     assert "%pip needs a pip command" in str(info.value)
+
+
+def test_the_ranks_of_a_host_take_turns_with_pip(clean):
+    with pip_turn():  # held here, as a rank's pip would hold it
+        handle = clean.run("%pip --version", block=False)
+        assert not handle.wait(1.5)
+    assert handle.result(timeout=60).values() == [None, None]
 
 
 def test_interrupting_a_command_stops_it(clean, tmp_path):
