@@ -261,7 +261,7 @@ class MonarchMagics(Magics):
         ``%monarch COMMAND -h`` shows its options).
 
         Cell magic (``%%monarch [--targets SPEC] [--noblock] [--out NAME] [--no-stream]
-        [--no-collapse] [--timeout S]``; ``%%monarch -h`` explains them)::
+        [--no-collapse] [--timeout S] [--local]``; ``%%monarch -h`` explains them)::
 
             In [7]: %%monarch
                ...: import torch
@@ -276,6 +276,7 @@ class MonarchMagics(Magics):
         ``%timeit``, ``%pip``, ``%cd``, ``%pwd``, ``%env``, and on its first line ``%%time``,
         ``%%timeit``, ``%%bash``, ``%%sh`` or ``%%writefile`` (other magics are refused).
         """
+        __tracebackhide__ = True  # only dispatches
         if cell is not None:
             return self._cell(line, cell)
         return self._line(line)
@@ -490,6 +491,10 @@ class MonarchMagics(Magics):
             return None
         if args.out is not None and (not args.out.isidentifier() or keyword.iskeyword(args.out)):
             raise UsageError(f"--out takes a Python name to store the result as, got {args.out!r}")
+        if args.local and args.block is False:
+            raise UsageError(
+                "--local runs the cell here once the ranks have run it, so it cannot be --noblock"
+            )
         ctl = self._ctl()
         try:
             tree = ast.parse(syntax.to_python(cell), "<cell>")
@@ -531,9 +536,21 @@ class MonarchMagics(Magics):
             self.shell.user_ns[args.out] = result
         if isinstance(result, CellHandle):
             return result
+        if args.local:
+            __tracebackhide__ = True  # an error here is the notebook code's: show only that
+            self._run_here(cell)
         if not has_value or all(v is None for v in result.values()):
             return None
         return result
+
+    def _run_here(self, cell: str) -> None:
+        """The cell in the notebook's own namespace (``--local``), as IPython would run it;
+        its value is not shown (the ranks' is the cell's), an error raises as the cell's."""
+        __tracebackhide__ = True  # IPython leaves this frame out of the traceback
+        code = self.shell.transform_cell(cell)
+        name = self.shell.compile.cache(code, self.shell.execution_count)
+        compiled = self.shell.compile(code, name, "exec")
+        exec(compiled, self.shell.user_global_ns, self.shell.user_ns)
 
     @magic_arguments("%%monarch")
     @kwds(add_help=True, formatter_class=argparse.HelpFormatter)
@@ -601,6 +618,11 @@ class MonarchMagics(Magics):
         help="show the live panel under a cell that runs past a second (the default)",
     )
     @argument("--no-panel", dest="panel", action="store_false", help="no live panel")
+    @argument(
+        "--local",
+        action="store_true",
+        help="also run the cell here, in the notebook, once every rank has run it",
+    )
     def _cell_args(self, line):
         """Run the cell on every targeted rank (see %monarch? for examples)."""
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import _thread
+import math
 import threading
+
+import pytest
 
 import monarch_nb
 from monarch_nb.magic import MonarchMagics, split_items
@@ -115,6 +118,20 @@ def test_unknown_commands_and_flags(cell, clean):
     assert "needs a command" in str(cell.error)
     cell("%monarch -h")
     assert "connect" in cell.out
+
+
+def test_local_also_runs_the_cell_in_the_notebook_once_the_ranks_have(cell, clean):
+    ns = cell.shell.user_ns
+    cell("%%monarch --local\nimport math\ndef area(r):\n    return math.pi * r * r\narea(1)")
+    assert cell("area(2)") == pytest.approx(4 * math.pi)  # defined here as well
+    assert clean.run("area(2)").values() == [pytest.approx(4 * math.pi)] * 2
+    cell("%%monarch --local\nlocal_not_here = 1\n1 / 0", expect_error=True)
+    assert "local_not_here" not in ns  # the ranks failed: it did not run here
+    ns.pop("rank", None)
+    cell("%%monarch --local\nlocal_rank_copy = rank", expect_error=True)
+    assert isinstance(cell.error, NameError)  # ran on the ranks, then failed here
+    cell("%%monarch --local --noblock\n1", expect_error=True)
+    assert "--local runs the cell here once the ranks have run it" in str(cell.error)
 
 
 def test_auto_mode(cell, clean):
