@@ -93,10 +93,14 @@ def main() -> None:
     print(f"# {machine.cpu()}; {machine.versions(('torch', 'monarch-nb'))}; gloo, 2 ranks")
     print(f"# model={opts.model}, {opts.steps} timed steps, median of {opts.repeats}")
     base = statistics.median(results["torchrun"])
-    print(f"{'launcher':<16} {'steps/s':>9} {'vs torchrun':>12} {'overhead':>9}")
+    print(f"{'launcher':<16} {'steps/s':>9} {'vs torchrun':>12} {'overhead':>9}  {'range':>13}")
     for name, values in results.items():
         med = statistics.median(values)
-        print(f"{name:<16} {med:>9.1f} {med / base:>11.3f}x {100 * (base - med) / base:>8.1f}%")
+        spread = f"{min(values):.1f}-{max(values):.1f}"
+        print(
+            f"{name:<16} {med:>9.1f} {med / base:>11.3f}x {100 * (base - med) / base:>8.1f}%"
+            f"  {spread:>13}"
+        )
     worst = max(100 * (base - statistics.median(v)) / base for v in results.values())
     print(f"# target: overhead <= 3%: {'met' if worst <= 3 else 'NOT met'} (worst {worst:.1f}%)")
 

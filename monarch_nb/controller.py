@@ -15,6 +15,8 @@ import ast
 import asyncio
 import contextlib
 import itertools
+import os
+import socket
 import sys
 import threading
 import time
@@ -174,6 +176,7 @@ class Controller:
                     "rank": link.info.rank,
                     "world_size": len(self.ranks),
                     "local_rank": link.info.local_rank,
+                    "controller_group": _process_group(),
                 }
             )
         outcomes = gathering.gather(
@@ -605,6 +608,11 @@ class Controller:
     def __repr__(self) -> str:
         state = "down" if self.closed else f"{self.world_size} ranks"
         return f"<monarch_nb.Controller {state}>"
+
+
+def _process_group() -> tuple[str, int, int]:
+    """(host, process group, pid) of this process: the workers it started leave its group."""
+    return socket.gethostname(), os.getpgid(0), os.getpid()
 
 
 def _apply(engine, blob: bytes):

@@ -275,6 +275,7 @@ class Engine:
         identity = {k: msg[k] for k in ("rank", "world_size", "local_rank")}
         identity["host"] = self.host
         self.identity = identity
+        _leave_group(self.worker, msg.get("controller_group"))
         self.device_info = _device_info(identity["local_rank"])
         if not self.namespace:
             self.reset_namespace()
@@ -319,6 +320,20 @@ _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 def _ours(filename: str) -> bool:
     return os.path.abspath(filename).startswith(_PACKAGE)
+
+
+def _leave_group(worker, controller: list | tuple | None) -> None:
+    """A worker process the controller's kernel started (``%monarch up``, a LocalCluster made
+    in the notebook) shares the kernel's process group, and JupyterLab's stop button sends
+    SIGINT to that whole group: it would kill the worker with a KeyboardInterrupt on its event
+    loop. Such a worker moves to a session of its own; the controller interrupts cells itself.
+    Only a worker in a process of its own (a nanny's) on the controller's host, in the
+    controller's group, moves; never the controller's own process."""
+    if not controller or getattr(worker, "nanny", None) is None:
+        return
+    host, group, pid = controller
+    if host == socket.gethostname() and os.getpid() != pid and os.getpgid(0) == group:
+        os.setsid()
 
 
 def _captures_fds(worker) -> bool:

@@ -218,6 +218,30 @@ def test_killed_or_restarted_kernel_takes_its_cluster_and_registry_entry_with_it
         kernel.close()
 
 
+def test_the_kernels_interrupt_stops_the_cell_and_leaves_the_workers_running(tmp_path, monkeypatch):
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
+    kernel = Kernel(runtime)
+    try:
+        _, children, _ = kernel.up()
+        msg_id = kernel.kc.execute(
+            "%%monarch\nimport time\nfor _ in range(300):\n    time.sleep(0.1)"
+        )
+        time.sleep(2)  # the cell runs on the ranks
+        # JupyterLab's stop button: SIGINT to the kernel's whole process group.
+        kernel.km.interrupt_kernel()
+        reply = kernel.kc.get_shell_msg(timeout=30)
+        assert reply["parent_header"]["msg_id"] == msg_id
+        assert reply["content"]["status"] == "error"
+        assert "interrupted" in reply["content"]["evalue"]
+        out = kernel.run("%%monarch\nprint('alive', rank)")
+        assert "[rank 0] alive 0" in out and "[rank 1] alive 1" in out
+        assert len(running(children)) == len(children)  # no worker was lost or replaced
+    finally:
+        kernel.close()
+
+
 # -- interrupts ---------------------------------------------------------------------------------
 def interrupt_after(seconds: float) -> None:
     threading.Timer(seconds, _thread.interrupt_main).start()
