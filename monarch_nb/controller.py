@@ -71,6 +71,8 @@ class Controller:
         backend: str | None = None,
     ):
         self.client = client
+        # Kept: the client forgets its scheduler once it closes, and messages still name it.
+        self._scheduler_address = client.scheduler.address
         self.cluster = cluster
         self.owns_cluster = owns_cluster
         self.id = uuid.uuid4().hex
@@ -264,7 +266,7 @@ class Controller:
 
     @property
     def scheduler_address(self) -> str:
-        return self.client.scheduler.address
+        return self._scheduler_address
 
     def _check_open(self) -> None:
         if self.closed:
