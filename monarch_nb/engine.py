@@ -35,7 +35,6 @@ from distributed.core import Status
 from . import rank_shell
 from .capture import Console, current_capture, install_routers
 from .engine_io import Channel, Wire
-from .rank_shell import RankShell
 
 PLUGIN_NAME = "monarch-engine"
 IDENTITY = ("rank", "world_size", "local_rank", "host", "device", "display", "get_ipython")
@@ -72,7 +71,7 @@ class Engine:
         self.main = types.ModuleType("__main__")
         self.namespace: dict[str, Any] = self.main.__dict__
         self.namespace.clear()  # empty until setup fills it
-        self.shell = RankShell(self.namespace)  # get_ipython() in its cells
+        self.shell = rank_shell.RankShell(self.namespace)  # get_ipython() in its cells
         self.wire = Wire(_listen_host(worker), _ssl_context(worker))
         self._lock = threading.Lock()
         self._current: str | None = None
@@ -333,7 +332,8 @@ def _leave_group(worker, controller: list | tuple | None) -> None:
         return
     host, group, pid = controller
     if host == socket.gethostname() and os.getpid() != pid and os.getpgid(0) == group:
-        os.setsid()
+        with contextlib.suppress(OSError):  # already a group's leader: nothing shares ours
+            os.setsid()
 
 
 def _captures_fds(worker) -> bool:
