@@ -624,7 +624,9 @@ class MonarchMagics(Magics):
         help="also run the cell here, in the notebook, once every rank has run it",
     )
     def _cell_args(self, line):
-        """Run the cell on every targeted rank (see %monarch? for examples)."""
+        """Run the cell on every targeted rank (see %monarch? for examples). It may use
+        IPython's !cmd, out = !cmd, %time, %timeit, %pip, %cd, %pwd and %env, and a first
+        line %%time, %%timeit, %%bash, %%sh or %%writefile."""
 
 
 # --targets SPEC, -t SPEC or --targets=SPEC as whole words; a quoted string is matched whole
