@@ -402,15 +402,16 @@ class MetricsHub:
         """Have every worker send what its ranks logged so far, and wait (at most ``timeout``)
         until it is here: a history read right after a cell then holds everything the cell
         logged, where the periodic flush would leave up to FLUSH_INTERVAL of it on the way.
-        Skipped without a live cluster, and on an event loop (a subscriber's callback), which
-        must not block."""
-        try:
-            asyncio.get_running_loop()
-            return
-        except RuntimeError:
-            pass
+        Skipped without a live cluster, and on the client's own event loop (a subscriber's
+        callback), which must not wait for itself. Another thread's loop is fine: ipykernel 7
+        runs every cell inside the asyncio loop of the kernel's main thread."""
         if self.closed or self.client.status != "running":
             return
+        try:
+            if asyncio.get_running_loop() is self.client.loop.asyncio_loop:
+                return
+        except RuntimeError:
+            pass
         try:
             sent = self.client.run(_flush_now, on_error="return")
         except Exception:

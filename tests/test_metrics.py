@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import sys
@@ -80,6 +81,19 @@ def test_history_right_after_a_cell_holds_everything_it_logged(clean, hub):
     name = unique("loss")
     clean.run(f"import monarch_nb\nfor i in range(30):\n    monarch_nb.log(step=i, {name}=i)")
     history = hub.history()
+    for rank in (0, 1):
+        assert [row.step for row in history[rank] if name in row.values] == list(range(30))
+
+
+def test_history_catches_up_on_a_thread_that_runs_an_event_loop(clean, hub):
+    """ipykernel 7 runs a cell's code inside the asyncio loop of the kernel's main thread."""
+    name = unique("loss")
+    clean.run(f"import monarch_nb\nfor i in range(30):\n    monarch_nb.log(step=i, {name}=i)")
+
+    async def cell():
+        return hub.history()
+
+    history = asyncio.run(cell())
     for rank in (0, 1):
         assert [row.step for row in history[rank] if name in row.values] == list(range(30))
 
