@@ -85,12 +85,13 @@ class Controller:
         self._notices: list[str] = []
         self._said: set[str] = set()  # notices given once per controller
         self._restarting = False
+        self._detached = False  # a restart was interrupted: attach to the new workers on use
         self._notices_lock = threading.Lock()
         self._loop = client.loop.asyncio_loop
         self.dist_wanted, self.dist_backend_choice = dist, backend
         self.dist_backend: str | None = None  # the process group's backend, once formed
         self.dist_error: str | None = None
-        self.client.register_plugin(EnginePlugin(), name=PLUGIN_NAME)
+        self.client.register_plugin(EnginePlugin(_process_group()), name=PLUGIN_NAME)
         self.metrics = metrics.install(self.client)
         self._attach(self._wait_for_workers(expected or 1, timeout=60))
         self._form_group()
@@ -178,7 +179,6 @@ class Controller:
                     "rank": link.info.rank,
                     "world_size": len(self.ranks),
                     "local_rank": link.info.local_rank,
-                    "controller_group": _process_group(),
                 }
             )
         outcomes = gathering.gather(
@@ -192,7 +192,7 @@ class Controller:
     # -- a worker that goes away --------------------------------------------------------------
     def _lost(self, rank: int, why: str) -> None:
         """On the event loop: rank's worker vanished. Wait for the nanny's replacement."""
-        if self.closed or self._restarting:
+        if self.closed or self._restarting or self._detached:
             return
         if self.client.status != "running":
             self._notice_once(self._scheduler_gone())
@@ -273,6 +273,9 @@ class Controller:
             raise ClusterError("this cluster is down; start one with %monarch up")
         if self.client.status in ("connecting", "closing", "closed"):
             raise ClusterError(self._scheduler_gone())
+        if self._detached and not self._restarting:
+            print("monarch-nb: attaching to the restarted workers", file=sys.stderr)
+            self._reattach()
 
     def _scheduler_gone(self) -> str:
         return (
@@ -572,11 +575,21 @@ class Controller:
         self._restarting = True  # a replacement in progress stands down: restart attaches all
         try:
             self._close_links()
+            self._detached = True
             self.client.restart(wait_for_workers=True)
-            self._attach(self._wait_for_workers(len(self.ranks), timeout=60))
-            self._form_group()
+            self._reattach()
+        except KeyboardInterrupt:
+            # The scheduler goes on restarting the workers; the next use attaches to them.
+            raise KeyboardInterrupt(
+                "interrupted while the workers restart; the next cell attaches to the new ones"
+            ) from None
         finally:
             self._restarting = False
+
+    def _reattach(self) -> None:
+        self._attach(self._wait_for_workers(len(self.ranks), timeout=60))
+        self._detached = False
+        self._form_group()
 
     def _close_links(self) -> None:
         async def close_all():

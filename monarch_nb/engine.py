@@ -274,7 +274,6 @@ class Engine:
         identity = {k: msg[k] for k in ("rank", "world_size", "local_rank")}
         identity["host"] = self.host
         self.identity = identity
-        _leave_group(self.worker, msg.get("controller_group"))
         self.device_info = _device_info(identity["local_rank"])
         if not self.namespace:
             self.reset_namespace()
@@ -447,11 +446,18 @@ def _install_display() -> None:
 
 
 class EnginePlugin(WorkerPlugin):
-    """Gives each worker an Engine (kept across re-registration) and the attach handler."""
+    """Gives each worker an Engine (kept across re-registration) and the attach handler.
+    ``controller_group`` (host, process group, pid of the controller that registered it): a
+    worker process in that group leaves it as it starts (see _leave_group), restarted and
+    replacement workers included, before anything is attached."""
 
     name = PLUGIN_NAME
 
+    def __init__(self, controller_group: tuple[str, int, int] | None = None):
+        self.controller_group = controller_group
+
     def setup(self, worker) -> None:
+        _leave_group(worker, self.controller_group)
         engine = worker.extensions.get("monarch")
         if engine is None:
             os.environ.setdefault("MPLBACKEND", "Agg")

@@ -242,6 +242,31 @@ def test_the_kernels_interrupt_stops_the_cell_and_leaves_the_workers_running(tmp
         kernel.close()
 
 
+def test_an_interrupted_restart_leaves_workers_the_next_cell_attaches_to(tmp_path, monkeypatch):
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
+    kernel = Kernel(runtime)
+    try:
+        kernel.up()
+        msg_id = kernel.kc.execute("%monarch restart")
+        time.sleep(0.5)  # the old workers are going, the new ones starting
+        kernel.km.interrupt_kernel()
+        reply = kernel.kc.get_shell_msg(timeout=60)
+        assert reply["parent_header"]["msg_id"] == msg_id
+        assert reply["content"]["ename"] == "KeyboardInterrupt"
+        assert "the next cell attaches to the new ones" in reply["content"]["evalue"]
+        time.sleep(3)
+        kernel.km.interrupt_kernel()  # the new workers left the kernel's group as they started
+        time.sleep(0.5)
+        out = kernel.run("%%monarch\nprint('alive', rank)")
+        assert "attaching to the restarted workers" in out
+        assert "[rank 0] alive 0" in out and "[rank 1] alive 1" in out
+        assert "[rank 1] alive 1" in kernel.run("%%monarch\nprint('alive', rank)")
+    finally:
+        kernel.close()
+
+
 # -- interrupts ---------------------------------------------------------------------------------
 def interrupt_after(seconds: float) -> None:
     threading.Timer(seconds, _thread.interrupt_main).start()
