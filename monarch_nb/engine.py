@@ -32,7 +32,7 @@ from distributed import WorkerPlugin
 from distributed.comm import CommClosedError
 from distributed.core import Status
 
-from . import rank_shell
+from . import rank_shell, session
 from .capture import Console, current_capture, install_routers
 from .engine_io import Channel, Wire
 
@@ -320,21 +320,6 @@ def _ours(filename: str) -> bool:
     return os.path.abspath(filename).startswith(_PACKAGE)
 
 
-def _leave_group(worker, controller: list | tuple | None) -> None:
-    """A worker process the controller's kernel started (``%monarch up``, a LocalCluster made
-    in the notebook) shares the kernel's process group, and JupyterLab's stop button sends
-    SIGINT to that whole group: it would kill the worker with a KeyboardInterrupt on its event
-    loop. Such a worker moves to a session of its own; the controller interrupts cells itself.
-    Only a worker in a process of its own (a nanny's) on the controller's host, in the
-    controller's group, moves; never the controller's own process."""
-    if not controller or getattr(worker, "nanny", None) is None:
-        return
-    host, group, pid = controller
-    if host == socket.gethostname() and os.getpid() != pid and os.getpgid(0) == group:
-        with contextlib.suppress(OSError):  # already a group's leader: nothing shares ours
-            os.setsid()
-
-
 def _captures_fds(worker) -> bool:
     """Whether cells get what is written to fds 1 and 2: those are the whole process's, so only
     in a worker process of its own (one a nanny started), unless MONARCH_NB_CAPTURE_FDS=0."""
@@ -448,7 +433,7 @@ def _install_display() -> None:
 class EnginePlugin(WorkerPlugin):
     """Gives each worker an Engine (kept across re-registration) and the attach handler.
     ``controller_group`` (host, process group, pid of the controller that registered it): a
-    worker process in that group leaves it as it starts (see _leave_group), restarted and
+    worker process in that group leaves it as it starts (session.py), restarted and
     replacement workers included, before anything is attached."""
 
     name = PLUGIN_NAME
@@ -457,7 +442,7 @@ class EnginePlugin(WorkerPlugin):
         self.controller_group = controller_group
 
     def setup(self, worker) -> None:
-        _leave_group(worker, self.controller_group)
+        session.leave_group(worker, self.controller_group)
         engine = worker.extensions.get("monarch")
         if engine is None:
             os.environ.setdefault("MPLBACKEND", "Agg")

@@ -102,6 +102,6 @@ def _run(engine, script: str, args: list[str], env: dict[str, str]) -> int:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
-        start_new_session=True,
+        process_group=0,  # its own group, stopped as one; in the worker's session
     )
     return children.finish(proc, sys.stdout.write, sys.stderr.write)

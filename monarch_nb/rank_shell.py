@@ -136,8 +136,8 @@ def _write_err(text: str) -> None:
 
 
 def _shell(cmd: str | list[str], stderr) -> subprocess.Popen:
-    """``cmd`` started in a session of its own (so an interrupt stops all it started), in the
-    user's shell as IPython runs ``!`` commands."""
+    """``cmd`` started in a process group of its own (so an interrupt stops all it started),
+    in the user's shell as IPython runs ``!`` commands."""
     shell = isinstance(cmd, str)
     return subprocess.Popen(
         cmd,
@@ -146,7 +146,7 @@ def _shell(cmd: str | list[str], stderr) -> subprocess.Popen:
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=stderr,
-        start_new_session=True,
+        process_group=0,  # its own group, stopped as one; in the worker's session
     )
 
 

@@ -267,6 +267,43 @@ def test_an_interrupted_restart_leaves_workers_the_next_cell_attaches_to(tmp_pat
         kernel.close()
 
 
+START_CHILDREN = (
+    "%%monarch\nimport json, subprocess\n"
+    "held = subprocess.Popen(['sleep', '300'])\n"
+    "loose = subprocess.check_output(['sh', '-c', 'sleep 301 > /dev/null 2>&1 & echo $!'])\n"
+    "print(json.dumps([held.pid, int(loose)]))"
+)
+
+
+def started(out: str) -> list[int]:
+    return [pid for line in out.splitlines() if "[" in line for pid in json.loads(line[9:])]
+
+
+def test_what_cells_start_goes_with_their_workers(tmp_path, monkeypatch):
+    """A cell's subprocess, and one its shell left in the background, end with the worker:
+    at %monarch restart, %monarch down and when the kernel is killed."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
+    kernel = Kernel(runtime)
+    try:
+        kernel.up()
+        for step in ("%monarch restart", "%monarch down", "kill"):
+            children = started(kernel.run(START_CHILDREN))
+            assert len(children) == 4 and len(running(children)) == 4
+            if step == "kill":
+                kernel.km.restart_kernel(now=True)  # SIGKILL, as a stuck kernel's restart
+                kernel.kc.wait_for_ready(timeout=60)
+            else:
+                kernel.run(step)
+            gone = wait_for(lambda c=children: not running(c), timeout=15)
+            assert gone, (step, running(children))
+            if step == "%monarch down":
+                kernel.run("%monarch up --workers 2 --cpu --no-dist")
+    finally:
+        kernel.close()
+
+
 # -- interrupts ---------------------------------------------------------------------------------
 def interrupt_after(seconds: float) -> None:
     threading.Timer(seconds, _thread.interrupt_main).start()

@@ -1,0 +1,91 @@
+"""A worker process's own session: out of the kernel's process group, and a keeper that ends
+what the worker started once the worker is gone.
+
+JupyterLab's stop button sends SIGINT to the kernel's whole process group. A worker process
+the kernel started (``%monarch up``, a LocalCluster made in the notebook) is in that group, and
+a KeyboardInterrupt on a Dask worker's event loop ends it. So such a worker starts a session of
+its own (``leave_group``); the controller interrupts cells itself.
+
+Leaving the group also takes the worker's descendants (a cell's ``subprocess.Popen``, a shell
+command it put in the background) out of reach of the kernel's own clean-up, which kills the
+kernel's group when the kernel is restarted or shut down. So each such worker gets a keeper: a
+small process in the worker's session that waits for the worker to go (``%monarch down``, a
+restart, the kernel's exit or death, a crash) and then ends every process left in the session,
+SIGTERM first and SIGKILL 2 s later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+
+# Run with ``python -S``: only the standard library's os, signal and time.
+_KEEPER = """
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+worker, me = int(sys.argv[1]), os.getpid()
+
+def gone():
+    try:
+        return os.getsid(worker) != worker  # a reused pid is in another session
+    except OSError:
+        return True
+
+def left():
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) not in (me, worker):
+            try:
+                if os.getsid(int(name)) == worker:
+                    pids.append(int(name))
+            except OSError:
+                pass
+    return pids
+
+while not gone():
+    time.sleep(0.2)
+for sig in (signal.SIGTERM, signal.SIGKILL):
+    for pid in left():
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+    end = time.monotonic() + 2
+    while left() and time.monotonic() < end:
+        time.sleep(0.05)
+"""
+
+
+def leave_group(worker, controller: tuple[str, int, int] | list | None) -> bool:
+    """Move this worker process to a session of its own, with a keeper, if it shares the
+    process group of ``controller`` (host, process group, pid); whether it moved. Only a worker
+    in a process of its own (a nanny's) on the controller's host moves; never the controller's
+    own process."""
+    if not controller or getattr(worker, "nanny", None) is None:
+        return False
+    host, group, pid = controller
+    if host != socket.gethostname() or os.getpid() == pid or os.getpgid(0) != group:
+        return False
+    try:
+        os.setsid()
+    except OSError:  # already a group's leader: nothing shares its group
+        return False
+    _start_keeper()
+    return True
+
+
+_keeper: subprocess.Popen | None = None
+
+
+def _start_keeper() -> None:
+    global _keeper
+    with contextlib.suppress(OSError):  # no keeper: processes may outlive the worker, no more
+        _keeper = subprocess.Popen(
+            [sys.executable, "-S", "-c", _KEEPER, str(os.getpid())],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
