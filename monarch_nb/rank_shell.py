@@ -82,6 +82,13 @@ class RankShell:
         """``!cmd``: run it in the shell, its output streamed as the rank's; the exit status
         in ``_exit_code``."""
         cmd = self.var_expand(cmd, depth=1)
+        if cmd.rstrip().endswith("&"):
+            # The cell would wait for the background process's output to end, as Jupyter's
+            # kernel would; it refuses such commands too.
+            raise OSError(
+                "background processes are not supported in !cmd (as in Jupyter); start one "
+                "with subprocess.Popen(...)"
+            )
         proc = _shell(cmd, stderr=subprocess.PIPE)
         self.user_ns["_exit_code"] = children.finish(proc, _write_out, _write_err)
 

@@ -21,6 +21,8 @@ def test_shell_commands_run_on_every_rank_with_names_filled_in(cell, clean):
     assert "[rank 0] r0 of 2" in cell.out and "[rank 1] r1 of 2" in cell.out
     assert "oops" in cell.out + cell.err
     assert clean.run("!exit 3\n_exit_code").values() == [3, 3]
+    with pytest.raises(CellError, match="background processes are not supported in !cmd"):
+        clean.run("!sleep 30 &")
 
 
 def test_output_of_a_command_is_a_list_of_lines_even_inside_a_function(clean):
