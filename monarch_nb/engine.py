@@ -121,6 +121,7 @@ class Engine:
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
                     ctypes.c_ulong(self._thread.ident), ctypes.py_object(KeyboardInterrupt)
                 )
+                session.interrupt_group()  # a child process the cell waits on stops too
             elif self._current is not None:
                 # Taken but not yet running (being compiled, say): raised as it starts.
                 self._interrupt_pending = True

@@ -17,7 +17,7 @@ import pytest
 from _wait import running, wait_for
 
 import monarch_nb
-from monarch_nb import CellError, ClusterError, registry
+from monarch_nb import CellError, CellTimeout, ClusterError, registry
 from monarch_nb import controller as module
 
 ALL_REDUCE = (
@@ -305,6 +305,22 @@ def test_what_cells_start_goes_with_their_workers(tmp_path, monkeypatch):
 
 
 # -- interrupts ---------------------------------------------------------------------------------
+def test_an_interrupt_stops_a_subprocess_the_cell_waits_on(clean, tmp_path):
+    """As the stop button does in plain Jupyter: SIGINT reaches the worker's process group."""
+    code = (
+        "import subprocess\n"
+        f"script = 'echo $$ > {tmp_path}/' + str(rank) + '; exec sleep 30'\n"
+        "subprocess.run(['sh', '-c', script])"
+    )
+    start = time.monotonic()
+    with pytest.raises(CellTimeout):
+        clean.run(code, timeout=1.5)
+    assert clean.run("'next'").values() == ["next", "next"]
+    assert time.monotonic() - start < 10  # not the 30 s the sleeps would have taken
+    pids = [int((tmp_path / str(r)).read_text()) for r in (0, 1)]
+    assert wait_for(lambda: not running(pids), timeout=5), running(pids)
+
+
 def interrupt_after(seconds: float) -> None:
     threading.Timer(seconds, _thread.interrupt_main).start()
 
