@@ -30,6 +30,7 @@ distributed comms, never through the task queue. This module holds meshes and sl
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import sys
 import threading
@@ -129,7 +130,10 @@ class _ControllerActors:
         err = decode_error(msg, host, f"broadcast to {msg['where']}")
         del self.broadcast_errors[: max(0, len(self.broadcast_errors) - MAX_BROADCAST_ERRORS + 1)]
         self.broadcast_errors.append(err)
-        print(f"monarch_nb: {err.args[0]}", file=sys.stderr, flush=True)
+        # In a fresh context: ipykernel 7 shows a thread's (or task's) output under the cell
+        # its context came from, which here is the cell that spawned the mesh; without one the
+        # line goes to the cell running now.
+        contextvars.Context().run(print, f"monarch_nb: {err.args[0]}", file=sys.stderr, flush=True)
 
 
 _states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -304,6 +304,34 @@ def test_what_cells_start_goes_with_their_workers(tmp_path, monkeypatch):
         kernel.close()
 
 
+BROKEN_ACTOR = """
+from monarch_nb import Actor, endpoint, proc_mesh
+
+class Broken(Actor):
+    @endpoint
+    def fail(self):
+        raise RuntimeError("endpoint boom")
+
+broken = proc_mesh().spawn("broken", Broken)
+"""
+
+
+def test_a_failed_broadcast_is_shown_under_the_cell_that_runs_when_it_fails(tmp_path, monkeypatch):
+    """ipykernel 7 files a thread's output under the cell the thread's context came from; the
+    failure of a broadcast sent later belongs to the cell running then."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
+    kernel = Kernel(runtime)
+    try:
+        kernel.up()
+        kernel.run(BROKEN_ACTOR)
+        out = kernel.run("import time\nbroken.fail.broadcast()\ntime.sleep(2)")
+        assert "broadcast to Broken.fail failed on rank 0: RuntimeError: endpoint boom" in out
+    finally:
+        kernel.close()
+
+
 # -- interrupts ---------------------------------------------------------------------------------
 def test_an_interrupt_stops_a_subprocess_the_cell_waits_on(clean, tmp_path):
     """As the stop button does in plain Jupyter: SIGINT reaches the worker's process group."""
