@@ -316,13 +316,20 @@ class Controller:
             running = [r for r in req.ranks if r not in outcomes]
             self._send_interrupt(running, req.id)
             stop.clear()  # a second Ctrl-C stops waiting for them
-            with contextlib.suppress(KeyboardInterrupt, TimeoutError):
+            cut_short = False
+            try:
                 flush = time.monotonic() + INTERRUPT_FLUSH
                 gathering.gather(req, renderer, flush, outcomes, stop, quiet=INTERRUPT_GRACE)
-            self._cancelled_in_queue(req, outcomes)
+            except KeyboardInterrupt:
+                cut_short = True
+            except TimeoutError:
+                pass
+            self._cancelled_in_queue(req, outcomes, renderer, cut_short)
         return outcomes, (reason, running)
 
-    def _cancelled_in_queue(self, req: Request, outcomes: dict[int, dict]) -> None:
+    def _cancelled_in_queue(
+        self, req: Request, outcomes: dict[int, dict], renderer, cut_short: bool
+    ) -> None:
         """A rank still silent after the interrupt may never have started ``req``: it waits
         behind an earlier cell (a ``--noblock`` one), and the interrupt told it to drop ``req``
         when it comes to it. Ask the ranks what they run, so that those are not reported as
@@ -330,18 +337,25 @@ class Controller:
         silent = [r for r in req.ranks if r not in outcomes]
         if not silent:
             return
-        asked = self._submit("info", silent, {"op": "info"})
+        asked = self._submit("info", silent, {"op": "info", "about": req.id})
         answers: dict[int, dict] = {}
         with contextlib.suppress(KeyboardInterrupt, TimeoutError):
             gathering.gather(asked, Renderer(silent), time.monotonic() + 2, answers)
-        for rank, ev in answers.items():
-            if ev["status"] == "ok" and ev["info"]["current"] != req.id:
+        about = {r: ev["info"]["about"] for r, ev in answers.items() if ev["status"] == "ok"}
+        for rank, state in about.items():
+            if state == "cancelled":
                 outcomes[rank] = {
                     "ev": "done",
                     "status": "cancelled",
                     "why": "queued behind an earlier cell that is still running; "
                     "cancelled before it started",
                 }
+        if cut_short and {"unknown", "running"} & set(about.values()):
+            # A second Ctrl-C cut the wait short: a rank that finished has its answer on the
+            # way, and one still running has had the interrupt for only a moment. Up to 2 s
+            # more for them, so neither is reported stuck in a C call by mistake.
+            with contextlib.suppress(KeyboardInterrupt, TimeoutError):
+                gathering.gather(req, renderer, time.monotonic() + 2, outcomes)
 
     def _send_interrupt(self, ranks: Iterable[int], target: str | None = None) -> None:
         for rank in ranks:

@@ -106,7 +106,8 @@ class Engine:
         if msg["op"] == "interrupt":
             self.interrupt(msg.get("target"))
         elif msg["op"] == "info":
-            channel.reply({"ev": "done", "id": msg["id"], "status": "ok", "info": self.info()})
+            info = self.info(msg.get("about"))
+            channel.reply({"ev": "done", "id": msg["id"], "status": "ok", "info": info})
 
     def interrupt(self, cell_id: str | None = None) -> None:
         """Raise KeyboardInterrupt in the running cell (or drop ``cell_id`` if still queued)."""
@@ -126,9 +127,19 @@ class Engine:
                 # Taken but not yet running (being compiled, say): raised as it starts.
                 self._interrupt_pending = True
 
-    def info(self) -> dict[str, Any]:
+    def info(self, about: str | None = None) -> dict[str, Any]:
+        """The rank's state; ``about`` a request id: whether it runs now, waits in the queue to
+        be dropped (interrupted before it started), or neither (done, or never here)."""
         names = [k for k in list(self.namespace) if not k.startswith("_") and k not in IDENTITY]
+        with self._lock:
+            if about is None:
+                state = None
+            elif about == self._current:
+                state = "running"
+            else:
+                state = "cancelled" if about in self._cancelled else "unknown"
         return {
+            "about": state,
             **self.identity,
             "pid": os.getpid(),
             "host": self.host,

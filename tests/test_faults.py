@@ -333,6 +333,23 @@ def test_a_failed_broadcast_is_shown_under_the_cell_that_runs_when_it_fails(tmp_
 
 
 # -- interrupts ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("apart", [0.05, 0.1])
+def test_two_quick_presses_report_the_interrupted_ranks_as_interrupted(clean, apart):
+    """The second press stops the waiting; the ranks are neither 'cancelled before they
+    started' nor 'stuck in a C call': they were interrupted."""
+    timers = [threading.Timer(t, _thread.interrupt_main) for t in (1.0, 1.0 + apart)]
+    for timer in timers:
+        timer.start()
+    with pytest.raises(CellError) as info:
+        clean.run("import time\nfor _ in range(300):\n    time.sleep(0.1)")
+    for timer in timers:
+        timer.join()
+    assert {e.ename for e in info.value.errors.values()} == {"KeyboardInterrupt"}, [
+        f"{e.ename}: {e.evalue}" for e in info.value.errors.values()
+    ]
+    assert clean.run("'next'").values() == ["next", "next"]
+
+
 def test_an_interrupt_stops_a_subprocess_the_cell_waits_on(clean, tmp_path):
     """As the stop button does in plain Jupyter: SIGINT reaches the worker's process group."""
     code = (
