@@ -25,6 +25,7 @@ import threading
 import time
 import traceback
 import types
+import uuid
 from typing import Any
 
 import cloudpickle
@@ -397,18 +398,32 @@ def _device_info(local_rank: int) -> dict[str, Any]:
 _original_display = None
 
 
-def display(*objs, raw: bool = False, **kwargs) -> None:
-    """IPython's display() for cells on a rank: each object's mimebundle goes to the notebook."""
+def display(*objs, raw: bool = False, display_id=None, update: bool = False, **kwargs):
+    """IPython's display() for cells on a rank: each object's mimebundle goes to the notebook.
+    ``display_id=True`` returns a handle whose ``update()`` (or ``update_display``) replaces
+    that output in place, as in IPython."""
     cap = current_capture()
     if cap is None:
-        return _original_display(*objs, raw=raw, **kwargs) if _original_display else print(*objs)
+        if _original_display is None:
+            return print(*objs)
+        return _original_display(*objs, raw=raw, display_id=display_id, update=update, **kwargs)
     outbox, cell_id = cap
+    if display_id is True:
+        display_id = f"monarch-{uuid.uuid4().hex}"
     for obj in objs:
         if raw:
             data, metadata = obj, kwargs.get("metadata") or {}
         else:
             data, metadata = _formatter().format(obj)
-        outbox.emit({"ev": "display", "id": cell_id, "data": data, "metadata": metadata})
+        ev = {"ev": "display", "id": cell_id, "data": data, "metadata": metadata}
+        if display_id is not None:
+            ev.update(display_id=display_id, update=update)
+        outbox.emit(ev)
+    if display_id is not None and not update:
+        from IPython.display import DisplayHandle
+
+        return DisplayHandle(display_id)
+    return None
 
 
 _fmt = None

@@ -61,7 +61,7 @@ class CellHandle:
 
     def display_outputs(self) -> None:
         """Show the rich outputs (figures, HTML) the cell produced, tagged by rank."""
-        for ranks, data, metadata in getattr(self._sink, "rich", []):
+        for ranks, data, metadata, _ in getattr(self._sink, "rich", []):
             ConsoleSink().display(ranks, data, metadata)
 
     def __repr__(self) -> str:

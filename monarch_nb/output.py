@@ -37,18 +37,25 @@ class ConsoleSink:
         stream.write(text)
         stream.flush()
 
-    def display(self, ranks, data: dict[str, Any], metadata: dict[str, Any]) -> None:
-        sys.stdout.write(_tag(ranks) + "\n")
-        sys.stdout.flush()
+    def display(
+        self, ranks, data: dict[str, Any], metadata: dict[str, Any], display_id=None, update=False
+    ) -> None:
+        """A rank's rich output under its rank tag; with ``update``, in place of the output
+        shown earlier with the same ``display_id`` (no new tag)."""
+        if not update:
+            sys.stdout.write(_tag(ranks) + "\n")
+            sys.stdout.flush()
         try:
             from IPython import get_ipython
             from IPython.display import display
         except ImportError:
             get_ipython = None
         if get_ipython is not None and get_ipython() is not None:
-            display(data, raw=True, metadata=metadata)
+            extra = {"display_id": display_id, "update": update} if display_id else {}
+            display(data, raw=True, metadata=metadata, **extra)
         else:
-            sys.stdout.write(str(data.get("text/plain", "")) + "\n")
+            prefix = f"{_tag(ranks)} " if update else ""
+            sys.stdout.write(prefix + str(data.get("text/plain", "")) + "\n")
 
     def progress(self, rank: int, name: str, text: str | None) -> None:
         if text:
@@ -101,8 +108,15 @@ class LiveSink:
         self.lines_out.extend(text.splitlines())
         self._dirty = True
 
-    def display(self, ranks, data: dict[str, Any], metadata: dict[str, Any]) -> None:
-        self.rich.append((list(ranks), data, metadata))
+    def display(
+        self, ranks, data: dict[str, Any], metadata: dict[str, Any], display_id=None, update=False
+    ) -> None:
+        if update:  # shown with display_outputs(): the latest version in place of the first
+            for i, (_, _, _, shown_id) in enumerate(self.rich):
+                if shown_id == display_id:
+                    self.rich[i] = (list(ranks), data, metadata, display_id)
+            return
+        self.rich.append((list(ranks), data, metadata, display_id))
         kinds = ", ".join(sorted(data))
         self.lines_out.append(f"{_tag(ranks)} <{kinds} output: handle.display_outputs() shows it>")
         self._dirty = True
@@ -212,7 +226,11 @@ class Renderer:
             for line in ev["lines"]:
                 self._add(rank, _Entry(0, "line", ev["name"], line, rank, now))
         elif kind == "display":
-            self._add(rank, _Entry(0, "display", "", "", rank, now, ev["data"], ev["metadata"]))
+            # name: the display id, text: "update" where it replaces an earlier output
+            entry = _Entry(0, "display", ev.get("display_id") or "", "", rank, now)
+            entry.data, entry.metadata = ev["data"], ev["metadata"]
+            entry.text = "update" if ev.get("update") else ""
+            self._add(rank, entry)
         self.tick()
 
     def _add(self, rank: int, entry: _Entry) -> None:
@@ -284,7 +302,9 @@ class Renderer:
             if e.kind == "line":
                 run_name, run = e.name, [f"{_tag(e.ranks)} {e.text}\n"]
             else:
-                self.sink.display(e.ranks, e.data, e.metadata)
+                self.sink.display(
+                    e.ranks, e.data, e.metadata, e.name or None, update=e.text == "update"
+                )
         if run:
             self.sink.lines(run_name, "".join(run))
 

@@ -79,6 +79,23 @@ def test_rich_output_is_shown_tagged_with_the_rank(clean, shell):
     assert "[rank 1]" in io.stdout
 
 
+def test_a_display_with_an_id_is_updated_in_place(clean, shell):
+    code = (
+        "from IPython.display import update_display\n"
+        "h = display('step 0', display_id=True)\n"
+        "h.update('step 1')\n"
+        "update_display('step 2', display_id=h.display_id)\n"
+        "h.display_id"
+    )
+    with capture_output() as io:
+        did = clean.run(code, targets=[0]).item(0)
+    shown = [
+        (o.data["text/plain"], o.update, (o.transient or {}).get("display_id")) for o in io.outputs
+    ]
+    assert shown == [("'step 0'", False, did), ("'step 1'", True, did), ("'step 2'", True, did)]
+    assert io.stdout.count("[rank 0]") == 1  # the tag once, above the output updated in place
+
+
 def test_syntax_error_is_reported_before_anything_is_sent(clean):
     with pytest.raises(SyntaxError):
         clean.run("marker = 1\nbad = (")

@@ -13,7 +13,7 @@ class ListSink:
     def lines(self, name, text):
         self.out += [(name, line) for line in text.splitlines()]
 
-    def display(self, ranks, data, metadata):
+    def display(self, ranks, data, metadata, display_id=None, update=False):
         self.out.append(("display", f"{sorted(ranks)} {data['text/plain']}"))
 
     def progress(self, rank, name, text):
