@@ -318,7 +318,13 @@ class Engine:
         first = next((i for i, f in enumerate(frames) if f.filename.startswith(CELL_PREFIX)), None)
         if first is None:  # a function sent by the controller (apply): from the user's code on
             first = next((i for i, f in enumerate(frames) if not _ours(f.filename)), len(frames))
-        te.stack = traceback.StackSummary.from_list(frames[first:])
+        frames = frames[first:]
+        if isinstance(exc, KeyboardInterrupt):
+            # Where it landed inside our own code (a !cmd's output pump, %monarch run) is
+            # noise: the trace ends at the user's line, and is empty for a controller call.
+            ours = next((i for i, f in enumerate(frames) if _ours(f.filename)), len(frames))
+            frames = frames[:ours]
+        te.stack = traceback.StackSummary.from_list(frames)
         lines = "".join(te.format()).rstrip("\n").splitlines()
         evalue = str(exc)
         if isinstance(exc, KeyboardInterrupt) and not evalue:

@@ -113,8 +113,11 @@ def test_the_ranks_of_a_host_take_turns_with_pip(clean):
 
 def test_interrupting_a_command_stops_it(clean, tmp_path):
     pidfile = tmp_path / "pid"
-    with pytest.raises(CellTimeout):
+    with pytest.raises(CellTimeout) as info:
         clean.run(f"!echo $$ > {pidfile}{{rank}}; exec sleep 60", timeout=1.5)
+    trace = "\n".join(info.value.errors[0].traceback)
+    assert "exec sleep 60" in trace  # ends at the cell's line: no pump or selector frames
+    assert "children.py" not in trace and "selectors.py" not in trace
     pids = [int((tmp_path / f"pid{r}").read_text()) for r in (0, 1)]
     deadline = time.monotonic() + 10
     while running(pids) and time.monotonic() < deadline:
