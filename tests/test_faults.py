@@ -194,77 +194,66 @@ class Kernel:
         self.log.close()
 
 
-def test_killed_or_restarted_kernel_takes_its_cluster_and_registry_entry_with_it(
-    tmp_path, monkeypatch
-):
+@pytest.fixture
+def kernel(tmp_path, monkeypatch):
+    """A real kernel whose Jupyter runtime directory (and so cluster registry) is the test's."""
     runtime = tmp_path / "runtime"
     runtime.mkdir()
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
-    kernel = Kernel(runtime)
+    k = Kernel(runtime)
+    k.runtime = runtime
     try:
-        for how in ("restart", "kill"):
-            pid, children, cluster_id = kernel.up()
-            assert len(children) >= 2  # the two worker processes (and multiprocessing's helper)
-            assert cluster_id in {e["id"] for e in registry.list_entries()}
-            if how == "restart":
-                kernel.restart()
-            else:
-                os.kill(pid, signal.SIGKILL)  # left a zombie: nothing here reaps it
-            cluster = [pid, *children]
-            assert wait_for(lambda c=cluster: not running(c), timeout=30), (how, running(cluster))
-            assert cluster_id not in {e["id"] for e in registry.list_entries(prune=True)}, how
-            assert not (runtime / registry.DIRNAME / f"{cluster_id}.json").exists()
+        yield k
     finally:
-        kernel.close()
+        k.close()
 
 
-def test_the_kernels_interrupt_stops_the_cell_and_leaves_the_workers_running(tmp_path, monkeypatch):
-    runtime = tmp_path / "runtime"
-    runtime.mkdir()
-    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
-    kernel = Kernel(runtime)
-    try:
-        _, children, _ = kernel.up()
-        msg_id = kernel.kc.execute(
-            "%%monarch\nimport time\nfor _ in range(300):\n    time.sleep(0.1)"
-        )
-        time.sleep(2)  # the cell runs on the ranks
-        # JupyterLab's stop button: SIGINT to the kernel's whole process group.
-        kernel.km.interrupt_kernel()
-        reply = kernel.kc.get_shell_msg(timeout=30)
-        assert reply["parent_header"]["msg_id"] == msg_id
-        assert reply["content"]["status"] == "error"
-        assert "interrupted" in reply["content"]["evalue"]
-        out = kernel.run("%%monarch\nprint('alive', rank)")
-        assert "[rank 0] alive 0" in out and "[rank 1] alive 1" in out
-        assert len(running(children)) == len(children)  # no worker was lost or replaced
-    finally:
-        kernel.close()
+def test_killed_or_restarted_kernel_takes_its_cluster_and_registry_entry_with_it(kernel):
+    for how in ("restart", "kill"):
+        pid, children, cluster_id = kernel.up()
+        assert len(children) >= 2  # the two worker processes (and multiprocessing's helper)
+        assert cluster_id in {e["id"] for e in registry.list_entries()}
+        if how == "restart":
+            kernel.restart()
+        else:
+            os.kill(pid, signal.SIGKILL)  # left a zombie: nothing here reaps it
+        cluster = [pid, *children]
+        assert wait_for(lambda c=cluster: not running(c), timeout=30), (how, running(cluster))
+        assert cluster_id not in {e["id"] for e in registry.list_entries(prune=True)}, how
+        assert not (kernel.runtime / registry.DIRNAME / f"{cluster_id}.json").exists()
 
 
-def test_an_interrupted_restart_leaves_workers_the_next_cell_attaches_to(tmp_path, monkeypatch):
-    runtime = tmp_path / "runtime"
-    runtime.mkdir()
-    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
-    kernel = Kernel(runtime)
-    try:
-        kernel.up()
-        msg_id = kernel.kc.execute("%monarch restart")
-        time.sleep(0.5)  # the old workers are going, the new ones starting
-        kernel.km.interrupt_kernel()
-        reply = kernel.kc.get_shell_msg(timeout=60)
-        assert reply["parent_header"]["msg_id"] == msg_id
-        assert reply["content"]["ename"] == "KeyboardInterrupt"
-        assert "the next cell attaches to the new ones" in reply["content"]["evalue"]
-        time.sleep(3)
-        kernel.km.interrupt_kernel()  # the new workers left the kernel's group as they started
-        time.sleep(0.5)
-        out = kernel.run("%%monarch\nprint('alive', rank)")
-        assert "attaching to the restarted workers" in out
-        assert "[rank 0] alive 0" in out and "[rank 1] alive 1" in out
-        assert "[rank 1] alive 1" in kernel.run("%%monarch\nprint('alive', rank)")
-    finally:
-        kernel.close()
+def test_the_kernels_interrupt_stops_the_cell_and_leaves_the_workers_running(kernel):
+    _, children, _ = kernel.up()
+    msg_id = kernel.kc.execute("%%monarch\nimport time\nfor _ in range(300):\n    time.sleep(0.1)")
+    time.sleep(2)  # the cell runs on the ranks
+    # JupyterLab's stop button: SIGINT to the kernel's whole process group.
+    kernel.km.interrupt_kernel()
+    reply = kernel.kc.get_shell_msg(timeout=30)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert reply["content"]["status"] == "error"
+    assert "interrupted" in reply["content"]["evalue"]
+    out = kernel.run("%%monarch\nprint('alive', rank)")
+    assert "[rank 0] alive 0" in out and "[rank 1] alive 1" in out
+    assert len(running(children)) == len(children)  # no worker was lost or replaced
+
+
+def test_an_interrupted_restart_leaves_workers_the_next_cell_attaches_to(kernel):
+    kernel.up()
+    msg_id = kernel.kc.execute("%monarch restart")
+    time.sleep(0.5)  # the old workers are going, the new ones starting
+    kernel.km.interrupt_kernel()
+    reply = kernel.kc.get_shell_msg(timeout=60)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert reply["content"]["ename"] == "KeyboardInterrupt"
+    assert "the next cell attaches to the new ones" in reply["content"]["evalue"]
+    time.sleep(3)
+    kernel.km.interrupt_kernel()  # the new workers left the kernel's group as they started
+    time.sleep(0.5)
+    out = kernel.run("%%monarch\nprint('alive', rank)")
+    assert "attaching to the restarted workers" in out
+    assert "[rank 0] alive 0" in out and "[rank 1] alive 1" in out
+    assert "[rank 1] alive 1" in kernel.run("%%monarch\nprint('alive', rank)")
 
 
 START_CHILDREN = (
@@ -279,29 +268,22 @@ def started(out: str) -> list[int]:
     return [pid for line in out.splitlines() if "[" in line for pid in json.loads(line[9:])]
 
 
-def test_what_cells_start_goes_with_their_workers(tmp_path, monkeypatch):
+def test_what_cells_start_goes_with_their_workers(kernel):
     """A cell's subprocess, and one its shell left in the background, end with the worker:
     at %monarch restart, %monarch down and when the kernel is killed."""
-    runtime = tmp_path / "runtime"
-    runtime.mkdir()
-    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
-    kernel = Kernel(runtime)
-    try:
-        kernel.up()
-        for step in ("%monarch restart", "%monarch down", "kill"):
-            children = started(kernel.run(START_CHILDREN))
-            assert len(children) == 4 and len(running(children)) == 4
-            if step == "kill":
-                kernel.km.restart_kernel(now=True)  # SIGKILL, as a stuck kernel's restart
-                kernel.kc.wait_for_ready(timeout=60)
-            else:
-                kernel.run(step)
-            gone = wait_for(lambda c=children: not running(c), timeout=15)
-            assert gone, (step, running(children))
-            if step == "%monarch down":
-                kernel.run("%monarch up --workers 2 --cpu --no-dist")
-    finally:
-        kernel.close()
+    kernel.up()
+    for step in ("%monarch restart", "%monarch down", "kill"):
+        children = started(kernel.run(START_CHILDREN))
+        assert len(children) == 4 and len(running(children)) == 4
+        if step == "kill":
+            kernel.km.restart_kernel(now=True)  # SIGKILL, as a stuck kernel's restart
+            kernel.kc.wait_for_ready(timeout=60)
+        else:
+            kernel.run(step)
+        gone = wait_for(lambda c=children: not running(c), timeout=15)
+        assert gone, (step, running(children))
+        if step == "%monarch down":
+            kernel.run("%monarch up --workers 2 --cpu --no-dist")
 
 
 BROKEN_ACTOR = """
@@ -316,20 +298,13 @@ broken = proc_mesh().spawn("broken", Broken)
 """
 
 
-def test_a_failed_broadcast_is_shown_under_the_cell_that_runs_when_it_fails(tmp_path, monkeypatch):
+def test_a_failed_broadcast_is_shown_under_the_cell_that_runs_when_it_fails(kernel):
     """ipykernel 7 files a thread's output under the cell the thread's context came from; the
     failure of a broadcast sent later belongs to the cell running then."""
-    runtime = tmp_path / "runtime"
-    runtime.mkdir()
-    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
-    kernel = Kernel(runtime)
-    try:
-        kernel.up()
-        kernel.run(BROKEN_ACTOR)
-        out = kernel.run("import time\nbroken.fail.broadcast()\ntime.sleep(2)")
-        assert "broadcast to Broken.fail failed on rank 0: RuntimeError: endpoint boom" in out
-    finally:
-        kernel.close()
+    kernel.up()
+    kernel.run(BROKEN_ACTOR)
+    out = kernel.run("import time\nbroken.fail.broadcast()\ntime.sleep(2)")
+    assert "broadcast to Broken.fail failed on rank 0: RuntimeError: endpoint boom" in out
 
 
 # -- interrupts ---------------------------------------------------------------------------------
