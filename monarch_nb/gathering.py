@@ -146,7 +146,8 @@ def _unpack(rank: int, ev: dict[str, Any]) -> Any:
 
 def why(ev: dict[str, Any]) -> str:
     if ev["status"] == "lost":
-        return f"the worker is gone: {ev.get('why', 'connection lost')}"
+        why = ev.get("why", "connection lost")
+        return f"the worker is gone: {why} (if no replacement joins, %monarch restart)"
     if ev["status"] == "cancelled":
         return ev.get("why", "cancelled before it started")
     err = ev.get("error") or {}
