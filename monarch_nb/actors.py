@@ -304,7 +304,12 @@ class ProcMesh(_Mesh):
         fut = gather(mesh, [{**base, "pt": i, "r": m.rank} for i, m in targets], where, None)
         try:
             fut.get()
-        except BaseException:  # a failed __init__, or Ctrl-C: no actor outlives its handle
+        except KeyboardInterrupt:  # no actor outlives its handle
+            mesh.stop()
+            raise KeyboardInterrupt(
+                f"spawn of {name!r} interrupted; its actors were stopped"
+            ) from None
+        except BaseException:  # a failed __init__: the others stop too
             mesh.stop()
             raise
         self._mailbox.meshes[mesh_id] = mesh

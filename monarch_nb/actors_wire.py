@@ -137,7 +137,14 @@ class Future:
         return self._event.is_set()
 
     def get(self, timeout: float | None = None) -> Any:
-        if not self._event.wait(timeout):
+        try:
+            answered = self._event.wait(timeout)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(
+                f"stopped waiting for {self._describe}; the endpoint goes on running (a later "
+                "get() still has its answer)"
+            ) from None
+        if not answered:
             raise TimeoutError(f"{self._describe} did not answer within {timeout:g} s")
         if self._error is not None:
             # The same object is raised by every get(): without the reset its traceback would

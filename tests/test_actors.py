@@ -3,6 +3,7 @@ endpoints, actors calling actors, errors, slicing, bad input and a worker killed
 
 from __future__ import annotations
 
+import _thread
 import os
 import pickle
 import signal
@@ -316,6 +317,16 @@ def test_a_rank_device_that_cannot_be_set_is_a_spawn_error(ctl, mesh):
     assert "nodevice" not in actors_running(ctl)
 
 
+def test_ctrl_c_in_get_says_the_endpoint_goes_on(counters):
+    slow = counters.sleep.call(1.5)
+    threading.Timer(0.3, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt) as info:
+        slow.get(timeout=10)
+    assert "stopped waiting for" in str(info.value)
+    assert "the endpoint goes on running" in str(info.value)
+    assert slow.get(timeout=10).values() == [0, 1]  # the answer still arrives
+
+
 def test_get_timeout(counters):
     fut = counters.sleep.call(0.5)
     with pytest.raises(TimeoutError, match=r"Counter.sleep did not answer within 0.05 s"):
@@ -362,8 +373,9 @@ def wait_for(check, timeout=10.0) -> bool:
 def test_ctrl_c_during_spawn_stops_the_actors(ctl, mesh):
     main = threading.main_thread().ident
     threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGINT)).start()
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as info:
         mesh.spawn("slow", helpers.Slow, 1.5)  # rank 1 is still in __init__ when interrupted
+    assert str(info.value) == "spawn of 'slow' interrupted; its actors were stopped"
     assert wait_for(lambda: "slow" not in actors_running(ctl))
 
 
