@@ -1,6 +1,6 @@
-"""Child processes a rank starts (``%monarch run``'s scripts, a cell's ``!cmd`` and ``%%bash``):
-their output copied into the rank's as it arrives, and stopping them when the rank is
-interrupted.
+"""Child processes a rank starts (``%monarch run``'s scripts, a cell's ``!cmd``, ``%pip`` and
+``%%bash``): started in a process group of their own, their output copied into the rank's as it
+arrives, and stopped, group and all, when the rank is interrupted.
 
 The copy loop wakes every 0.1 s, so an interrupt sent to the rank's thread (an asynchronous
 KeyboardInterrupt) lands in Python code even while the child is silent; the caller then stops
@@ -15,9 +15,34 @@ import os
 import selectors
 import signal
 import subprocess
+import sys
 from collections.abc import Callable
 
 Write = Callable[[str], object]
+
+
+def start(
+    cmd: str | list[str], env: dict[str, str] | None = None, merge_stderr: bool = False
+) -> subprocess.Popen:
+    """``cmd`` (a string: in the user's shell, as IPython runs ``!`` commands) in a process
+    group of its own inside the worker's session, stdin closed, stdout and stderr piped
+    (``merge_stderr``: one pipe)."""
+    shell = isinstance(cmd, str)
+    return subprocess.Popen(
+        cmd,
+        shell=shell,
+        executable=(os.environ.get("SHELL") or None) if shell else None,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+        process_group=0,
+    )
+
+
+def run(cmd: str | list[str], env: dict[str, str] | None = None) -> int:
+    """``cmd`` to its end, its output the rank's as it arrives; its exit code."""
+    return finish(start(cmd, env), sys.stdout.write, sys.stderr.write)
 
 
 def pump(proc: subprocess.Popen, out: Write, err: Write) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 
 from . import children
@@ -96,12 +95,4 @@ def _free_port(engine) -> int:
 def _run(engine, script: str, args: list[str], env: dict[str, str]) -> int:
     if not os.path.exists(script):
         raise FileNotFoundError(f"no script at {script} on {engine.host}")
-    proc = subprocess.Popen(
-        [sys.executable, "-u", script, *args],
-        env={**os.environ, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        process_group=0,  # its own group, stopped as one; in the worker's session
-    )
-    return children.finish(proc, sys.stdout.write, sys.stderr.write)
+    return children.run([sys.executable, "-u", script, *args], env={**os.environ, **env})

@@ -159,13 +159,25 @@ def _kernel_display():
 
 
 class _Entry:
-    __slots__ = ("data", "kind", "metadata", "name", "ranks", "seq", "t", "text")
+    __slots__ = (
+        "data",
+        "display_id",
+        "kind",
+        "metadata",
+        "name",
+        "ranks",
+        "seq",
+        "t",
+        "text",
+        "update",
+    )
 
     def __init__(self, seq, kind, name, text, rank, t, data=None, metadata=None):
         self.seq, self.kind, self.name, self.text = seq, kind, name, text
         self.ranks = [rank]
         self.t = t
         self.data, self.metadata = data, metadata
+        self.display_id, self.update = None, False  # a display shown again in place
 
 
 class _Bucket:
@@ -226,10 +238,8 @@ class Renderer:
             for line in ev["lines"]:
                 self._add(rank, _Entry(0, "line", ev["name"], line, rank, now))
         elif kind == "display":
-            # name: the display id, text: "update" where it replaces an earlier output
-            entry = _Entry(0, "display", ev.get("display_id") or "", "", rank, now)
-            entry.data, entry.metadata = ev["data"], ev["metadata"]
-            entry.text = "update" if ev.get("update") else ""
+            entry = _Entry(0, "display", "", "", rank, now, ev["data"], ev["metadata"])
+            entry.display_id, entry.update = ev.get("display_id"), ev.get("update", False)
             self._add(rank, entry)
         self.tick()
 
@@ -302,9 +312,7 @@ class Renderer:
             if e.kind == "line":
                 run_name, run = e.name, [f"{_tag(e.ranks)} {e.text}\n"]
             else:
-                self.sink.display(
-                    e.ranks, e.data, e.metadata, e.name or None, update=e.text == "update"
-                )
+                self.sink.display(e.ranks, e.data, e.metadata, e.display_id, update=e.update)
         if run:
             self.sink.lines(run_name, "".join(run))
 

@@ -89,8 +89,7 @@ class RankShell:
                 "background processes are not supported in !cmd (as in Jupyter); start one "
                 "with subprocess.Popen(...)"
             )
-        proc = _shell(cmd, stderr=subprocess.PIPE)
-        self.user_ns["_exit_code"] = children.finish(proc, _write_out, _write_err)
+        self.user_ns["_exit_code"] = children.run(cmd)
 
     def getoutput(self, cmd: str, split: bool = True, depth: int = 0):
         """``x = !cmd``: the command's output (stdout and stderr together), as IPython's SList
@@ -99,7 +98,7 @@ class RankShell:
 
         cmd = self.var_expand(cmd, depth=depth + 1)
         parts: list[str] = []
-        proc = _shell(cmd, stderr=subprocess.STDOUT)
+        proc = children.start(cmd, merge_stderr=True)
         self.user_ns["_exit_code"] = children.finish(proc, parts.append, parts.append)
         out = "".join(parts)
         return SList(out.splitlines()) if split else LSString(out.rstrip("\n"))
@@ -132,29 +131,6 @@ def available() -> str:
     line = ", ".join("%" + m for m in sorted(LINE_MAGICS))
     cell = ", ".join("%%" + m for m in sorted(CELL_MAGICS))
     return f"their cells have !cmd, {line}, and on a first line {cell}"
-
-
-def _write_out(text: str) -> None:
-    sys.stdout.write(text)
-
-
-def _write_err(text: str) -> None:
-    sys.stderr.write(text)
-
-
-def _shell(cmd: str | list[str], stderr) -> subprocess.Popen:
-    """``cmd`` started in a process group of its own (so an interrupt stops all it started),
-    in the user's shell as IPython runs ``!`` commands."""
-    shell = isinstance(cmd, str)
-    return subprocess.Popen(
-        cmd,
-        shell=shell,
-        executable=(os.environ.get("SHELL") or None) if shell else None,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        process_group=0,  # its own group, stopped as one; in the worker's session
-    )
 
 
 # A %timeit option at the start of its line: -q, -o, -n 10, -n10.
@@ -284,8 +260,7 @@ def _pip(shell, line, frame):
     if not args:
         raise UsageError("%pip needs a pip command, for example %pip install einops")
     with pip_turn():
-        proc = _shell([sys.executable, "-m", "pip", *args], stderr=subprocess.PIPE)
-        code = children.finish(proc, _write_out, _write_err)
+        code = children.run([sys.executable, "-m", "pip", *args])
     if code != 0:
         raise subprocess.CalledProcessError(code, f"pip {line}")
     if args[0] in ("install", "uninstall"):
@@ -380,8 +355,7 @@ def _script(program: str):
         with tempfile.NamedTemporaryFile("w", suffix=f".{program}", delete=False) as f:
             f.write(cell)
         try:
-            proc = _shell([program, f.name], stderr=subprocess.PIPE)
-            code = children.finish(proc, _write_out, _write_err)
+            code = children.run([program, f.name])
         finally:
             os.unlink(f.name)
         shell.user_ns["_exit_code"] = code

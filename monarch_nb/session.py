@@ -61,19 +61,12 @@ for sig in (signal.SIGTERM, signal.SIGKILL):
 """
 
 
-_moved = False  # this worker process left the kernel's group: it leads its own
-
-
-def owns_group() -> bool:
-    """Whether this worker process left the kernel's group (it leads a group of its own)."""
-    return _moved
-
-
 def interrupt_group() -> None:
     """SIGINT to this worker's process group, as Jupyter's stop button sends it to a kernel's:
     what a cell started and waits on (``subprocess.run``, ``os.system``) stops too. The worker
-    itself and its keeper ignore it; only once the worker's SIGINT handler is its own."""
-    if owns_group() and signal.getsignal(signal.SIGINT) is _ignore:
+    itself and its keeper ignore it. Only in a worker that left the kernel's group (which
+    gave SIGINT its own handler): elsewhere the group is not the worker's alone."""
+    if signal.getsignal(signal.SIGINT) is _ignore:
         with contextlib.suppress(OSError):
             os.killpg(os.getpid(), signal.SIGINT)
 
@@ -88,12 +81,10 @@ def leave_group(worker, controller: tuple[str, int, int] | list | None) -> bool:
     host, group, pid = controller
     if host != socket.gethostname() or os.getpid() == pid or os.getpgid(0) != group:
         return False
-    global _moved
     try:
         os.setsid()
     except OSError:  # already a group's leader: nothing shares its group
         return False
-    _moved = True
     if threading.current_thread() is threading.main_thread():
         # A handler, not SIG_IGN: the processes the worker starts get SIGINT's default back.
         signal.signal(signal.SIGINT, _ignore)
