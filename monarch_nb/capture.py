@@ -298,7 +298,11 @@ class Outbox:
         while self._queue:
             item = self._queue.popleft()
             if len(item) == 1:
-                self._events.append(item[0])
+                event = item[0]
+                if event["ev"] == "clear":  # an unfinished line is cleared with the rest
+                    for name in ("stdout", "stderr"):
+                        self._partial.pop((event["id"], name), None)
+                self._events.append(event)
                 continue
             cell_id, name, s = item
             key = (cell_id, name)

@@ -402,6 +402,7 @@ def _device_info(local_rank: int) -> dict[str, Any]:
 
 # -- rich output ----------------------------------------------------------------------------
 _original_display = None
+_original_clear_output = None
 
 
 def display(*objs, raw: bool = False, display_id=None, update: bool = False, **kwargs):
@@ -432,6 +433,19 @@ def display(*objs, raw: bool = False, display_id=None, update: bool = False, **k
     return None
 
 
+def clear_output(wait: bool = False) -> None:
+    """IPython's clear_output() for cells on a rank: clears the cell's output in the notebook,
+    as it does in a kernel (``wait=True``: once the next output arrives). Where several ranks
+    clear together, the notebook clears once."""
+    cap = current_capture()
+    if cap is None:
+        if _original_clear_output is not None:
+            _original_clear_output(wait=wait)
+        return
+    outbox, cell_id = cap
+    outbox.emit({"ev": "clear", "id": cell_id, "wait": bool(wait)})
+
+
 _fmt = None
 
 
@@ -452,8 +466,9 @@ def _png(fig) -> bytes | None:
 
 
 def _install_display() -> None:
-    """Make ``from IPython.display import display`` in a cell reach the notebook too."""
-    global _original_display
+    """Make ``from IPython.display import display, clear_output`` in a cell reach the notebook
+    too."""
+    global _original_display, _original_clear_output
     import IPython.core.display_functions as functions
     import IPython.display
 
@@ -461,6 +476,10 @@ def _install_display() -> None:
         _original_display = functions.display
         functions.display = display
         IPython.display.display = display
+    if functions.clear_output is not clear_output:
+        _original_clear_output = functions.clear_output
+        functions.clear_output = clear_output
+        IPython.display.clear_output = clear_output
 
 
 class EnginePlugin(WorkerPlugin):

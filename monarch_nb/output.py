@@ -3,6 +3,10 @@
 The same line printed by several ranks within ``window`` seconds is shown once, tagged with all
 of them (``[ranks 0-3] loss 0.5``); lines stay in order per rank. With ``stream=False`` output is
 held until the cell ends and shown grouped by rank.
+
+``clear_output()`` on a rank clears the cell's output, as in a kernel: what the rank printed before
+it is shown first, and ranks that clear together clear once. With ``stream=False`` it clears
+what that rank printed before.
 """
 
 from __future__ import annotations
@@ -63,6 +67,17 @@ class ConsoleSink:
         else:
             self._progress.pop((rank, name), None)
 
+    def clear(self, wait: bool) -> None:
+        """IPython's clear_output in the notebook (the live progress line goes with it)."""
+        try:
+            from IPython import get_ipython
+            from IPython.display import clear_output
+        except ImportError:
+            return
+        if get_ipython() is not None:
+            clear_output(wait=wait)
+            self._handle, self._shown = None, ""
+
     def refresh(self, final: bool = False) -> None:
         now = time.monotonic()
         if not final and now - self._last < PROGRESS_REFRESH:
@@ -102,6 +117,7 @@ class LiveSink:
         self._progress: dict[tuple[int, str], str] = {}
         self._dirty = False
         self._last = 0.0
+        self._shown_from = 0  # lines before it were cleared from the display (kept in lines_out)
         self._handle = kernel_display({"text/plain": title}, raw=True, display_id=True)
 
     def lines(self, name: str, text: str) -> None:
@@ -128,17 +144,29 @@ class LiveSink:
             self._progress.pop((rank, name), None)
         self._dirty = True
 
+    def clear(self, wait: bool) -> None:
+        """The display shows only what comes after; ``handle.output`` keeps every line."""
+        self._shown_from = len(self.lines_out)
+        self._dirty = True
+
     def refresh(self, final: bool = False) -> None:
         now = time.monotonic()
         if not self._dirty or (not final and now - self._last < PROGRESS_REFRESH):
             return
         self._last, self._dirty = now, False
-        shown = self.lines_out[-self.MAX_SHOWN :]
+        shown = self.lines_out[max(self._shown_from, len(self.lines_out) - self.MAX_SHOWN) :]
         head = []
-        if len(self.lines_out) > len(shown):
-            head = [f"... {len(self.lines_out) - len(shown)} earlier lines (handle.output has all)"]
+        if self._shown_from:
+            head = [f"... clear_output() hid {_count(self._shown_from)} (handle.output has all)"]
+        if len(self.lines_out) - self._shown_from > len(shown):
+            hidden = len(self.lines_out) - self._shown_from - len(shown)
+            head.append(f"... {_count(hidden, 'earlier line')} (handle.output has all)")
         live = [] if final else [f"[rank {r}] {t}" for (r, _), t in sorted(self._progress.items())]
         self._handle.update({"text/plain": "\n".join(head + shown + live)}, raw=True)
+
+
+def _count(n: int, what: str = "line") -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
 
 def live_sink(title: str) -> LiveSink | None:
@@ -156,6 +184,9 @@ def _kernel_display():
         return None
     shell = get_ipython()
     return display if shell is not None and getattr(shell, "kernel", None) is not None else None
+
+
+_CLEAR = "\0clear"  # an entry's stream name for clear_output, which ranks collapse like lines
 
 
 class _Entry:
@@ -241,14 +272,22 @@ class Renderer:
             entry = _Entry(0, "display", "", "", rank, now, ev["data"], ev["metadata"])
             entry.display_id, entry.update = ev.get("display_id"), ev.get("update", False)
             self._add(rank, entry)
+        elif kind == "clear":
+            if self.stream:
+                for name in ("stdout", "stderr"):
+                    self.sink.progress(rank, name, None)
+            self._add(rank, _Entry(0, "clear", _CLEAR, "wait" if ev["wait"] else "", rank, now))
         self.tick()
 
     def _add(self, rank: int, entry: _Entry) -> None:
         if not self.stream:
-            self._held[rank].append(entry)
+            if entry.kind == "clear":
+                self._held[rank].clear()
+            else:
+                self._held[rank].append(entry)
             return
         key = (entry.name, entry.text)
-        if self.collapse and entry.kind == "line":
+        if self.collapse and entry.kind != "display":
             # Every entry holding this rank is at or before its last seq, so the first later
             # entry with the same text is the one to join; joining keeps per-rank order.
             bucket = self._by_key.get(key)
@@ -263,7 +302,7 @@ class Renderer:
         entry.seq = self._seq
         self._last_seq[rank] = entry.seq
         self._pending.append(entry)
-        if self.collapse and entry.kind == "line":
+        if self.collapse and entry.kind != "display":
             self._by_key.setdefault(key, _Bucket()).entries.append(entry)
 
     def _move_to_end(self, entry: _Entry, rank: int) -> _Entry | None:
@@ -289,7 +328,7 @@ class Renderer:
             if not (final or complete or now - head.t >= self.window):
                 break
             self._pending.popleft()
-            if head.kind == "line" and self.collapse:
+            if head.kind != "display" and self.collapse:
                 bucket = self._by_key[(head.name, head.text)]
                 bucket.pop_front()
                 if not len(bucket):
@@ -311,6 +350,8 @@ class Renderer:
             run_name = None
             if e.kind == "line":
                 run_name, run = e.name, [f"{_tag(e.ranks)} {e.text}\n"]
+            elif e.kind == "clear":
+                self.sink.clear(wait=e.text == "wait")
             else:
                 self.sink.display(e.ranks, e.data, e.metadata, e.display_id, update=e.update)
         if run:

@@ -96,6 +96,20 @@ def test_a_display_with_an_id_is_updated_in_place(clean, shell):
     assert io.stdout.count("[rank 0]") == 1  # the tag once, above the output updated in place
 
 
+def test_clear_output_on_a_rank_clears_the_cells_output(clean, shell):
+    code = (
+        "from IPython.display import clear_output\n"
+        "display('epoch 1')\n"
+        "print('50%', end='')\n"
+        "clear_output(wait=True)\n"
+        "display('epoch 2')"
+    )
+    with capture_output() as io:
+        clean.run(code, targets=[1])
+    assert [o.data["text/plain"] for o in io.outputs] == ["'epoch 2'"]
+    assert "50%" not in io.stdout  # an unfinished line goes with the rest
+
+
 def test_syntax_error_is_reported_before_anything_is_sent(clean):
     with pytest.raises(SyntaxError):
         clean.run("marker = 1\nbad = (")

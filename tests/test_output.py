@@ -2,7 +2,7 @@
 
 import time
 
-from monarch_nb.output import Renderer
+from monarch_nb.output import LiveSink, Renderer
 
 
 class ListSink:
@@ -140,3 +140,87 @@ def test_a_value_mesh_shows_every_value_in_full_where_repr_stays_short():
     assert pretty(ValueMesh({0: 105, 1: 105})) == "ValueMesh({0: 105, 1: 105})"
     assert len(repr(mesh)) < 200
     assert html.escape(repr(values[0])) in mesh._repr_html_()
+
+
+def clear(wait=False):
+    return {"ev": "clear", "wait": wait}
+
+
+class ClearingSink(ListSink):
+    def clear(self, wait):
+        self.out.append(("clear", "wait" if wait else "now"))
+
+
+def test_clear_output_comes_after_what_the_rank_printed_before_it_and_ranks_clear_once():
+    sink = ClearingSink()
+    r = Renderer([0, 1], sink, window=5)
+    for events in (
+        lambda rank: stream([f"epoch 1 of rank {rank}"]),
+        lambda rank: {"ev": "progress", "name": "stdout", "text": "50%"},
+        lambda rank: clear(wait=True),
+        lambda rank: stream(["epoch 2"]),
+    ):
+        for rank in (0, 1):
+            r.feed(rank, events(rank))
+    r.close()
+    assert sink.out == [
+        ("stdout", "[rank 0] epoch 1 of rank 0"),
+        ("stdout", "[rank 1] epoch 1 of rank 1"),
+        ("clear", "wait"),
+        ("stdout", "[ranks 0-1] epoch 2"),
+    ]
+    cleared = [(0, None), (0, None), (1, None), (1, None)]  # the live lines go with the output
+    assert sink.progress_seen[2:8] == [(0, "50%"), (1, "50%"), *cleared]
+
+    sink = ClearingSink()
+    r = Renderer([0, 1], sink, window=5)
+    for rank in (0, 1):  # rank 0 is a whole cell ahead: rank 1's first line is cleared too
+        r.feed(rank, stream([f"epoch 1 of rank {rank}"]))
+        r.feed(rank, clear(wait=True))
+        r.feed(rank, stream(["epoch 2"]))
+    r.close()
+    assert sink.out == [
+        ("stdout", "[rank 0] epoch 1 of rank 0"),
+        ("clear", "wait"),
+        ("stdout", "[rank 1] epoch 1 of rank 1"),
+        ("clear", "wait"),
+        ("stdout", "[ranks 0-1] epoch 2"),
+    ]
+
+
+def test_clear_output_of_one_rank_clears_once_and_without_stream_clears_that_rank():
+    sink = ClearingSink()
+    r = Renderer([0, 1], sink, window=0.01)
+    r.feed(0, clear())
+    time.sleep(0.02)
+    r.tick()
+    assert sink.out == [("clear", "now")]
+
+    sink = ClearingSink()
+    r = Renderer([0, 1], sink, stream=False)
+    r.feed(0, stream(["old"]))
+    r.feed(1, stream(["kept"]))
+    r.feed(0, clear())
+    r.feed(0, stream(["new"]))
+    r.close()
+    assert sink.out == [("stdout", "[rank 0] new"), ("stdout", "[rank 1] kept")]
+
+
+def test_a_noblock_cells_display_shows_what_came_after_clear_output_and_keeps_every_line():
+    shown = []
+
+    class Handle:
+        def update(self, bundle, raw):
+            shown.append(bundle["text/plain"])
+
+    sink = LiveSink(lambda bundle, raw, display_id: Handle(), "cell on ranks 0-1")
+    r = Renderer([0], sink)
+    r.feed(0, stream(["epoch 1"]))
+    r.feed(0, clear())
+    r.feed(0, stream(["epoch 2"]))
+    r.close()
+    assert shown[-1].splitlines() == [
+        "... clear_output() hid 1 line (handle.output has all)",
+        "[rank 0] epoch 2",
+    ]
+    assert sink.lines_out == ["[rank 0] epoch 1", "[rank 0] epoch 2"]
