@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import time
 from typing import Any
 
@@ -49,7 +50,7 @@ def up(
     from distributed import Client
 
     security = clusters.temporary_security() if tls else None
-    cluster = clusters.start_local(plans, threads=threads, security=security)
+    cluster = _start_local(plans, threads, security)
     try:
         client = Client(cluster, set_as_default=False, security=security)
         ctl = Controller(
@@ -60,12 +61,58 @@ def up(
             dist=dist,
             backend=backend,
         )
+    except KeyboardInterrupt:
+        cluster.close()
+        raise KeyboardInterrupt(_UP_INTERRUPTED) from None
     except BaseException:
         cluster.close()
         raise
     if current:
         _set_current(ctl)
     return ctl
+
+
+_UP_INTERRUPTED = "%monarch up interrupted; its workers were stopped"
+
+
+def _start_local(plans, threads: int, security):
+    """``clusters.start_local`` on a thread of its own, so that Ctrl-C while the workers start
+    stops them: interrupted in its constructor, a SpecCluster goes on starting them with
+    nothing left to close it. The interrupt is raised once they are stopped (a second one
+    stops waiting; they are still stopped, in the background)."""
+    lock = threading.Lock()
+    box: dict[str, Any] = {}
+
+    def start() -> None:
+        try:
+            cluster = clusters.start_local(plans, threads=threads, security=security)
+        except BaseException as e:
+            box["error"] = e
+            return
+        with lock:
+            box["cluster"] = cluster
+            abandoned = box.get("abandoned", False)
+        if abandoned:
+            with contextlib.suppress(Exception):
+                cluster.close()
+
+    thread = threading.Thread(target=start, name="monarch-up", daemon=True)
+    thread.start()
+    try:
+        thread.join()
+    except KeyboardInterrupt:
+        with lock:
+            box["abandoned"] = True
+            cluster = box.get("cluster")
+        print("monarch-nb: interrupted; stopping the workers being started", file=sys.stderr)
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                cluster.close()
+        thread.join()
+        raise KeyboardInterrupt(_UP_INTERRUPTED) from None
+    if "error" in box:
+        raise box["error"]
+    return box["cluster"]
 
 
 # A batch queue (SLURM, PBS...) may hold the jobs of a dask-jobqueue cluster for minutes.

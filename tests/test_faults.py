@@ -140,6 +140,27 @@ def test_scheduler_killed_is_named_as_the_cause(cell, no_current, outside_cluste
         ctl.run("rank")
 
 
+# -- an interrupted up ----------------------------------------------------------------------------
+@pytest.mark.parametrize("after", [0.3, 0.7])
+def test_an_interrupted_up_stops_the_workers_it_was_starting(no_current, after):
+    import psutil
+
+    def workers() -> set[int]:
+        return {
+            p.pid
+            for p in psutil.Process().children(recursive=True)
+            if "resource_tracker" not in " ".join(p.cmdline())
+        }
+
+    before = workers()
+    threading.Timer(after, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt, match="up interrupted; its workers were stopped"):
+        monarch_nb.up(workers=2, cpu=True, dist=False)
+        time.sleep(30)  # up finished first: the interrupt lands here, without that message
+    assert module.current() is None
+    assert wait_for(lambda: workers() <= before, timeout=10), workers() - before
+
+
 # -- the controlling kernel killed or restarted -------------------------------------------------
 class Kernel:
     """A real ipykernel process driven through jupyter_client, as JupyterLab drives one."""
