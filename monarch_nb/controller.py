@@ -441,6 +441,40 @@ class Controller:
             ) from None
         return self.call(_apply, blob, targets=targets)
 
+    def map(self, fn, /, *sequences, targets=None) -> list:
+        """``fn`` applied to the items of ``sequences`` (zipped, as ``map`` zips them), which
+        are split into contiguous chunks, one per targeted rank (ipyparallel's
+        ``view.map_sync``); the results in the items' order. Like ``apply``, queued behind the
+        cells sent before it. Sequences of different lengths are refused."""
+        if not callable(fn):
+            raise TypeError(f"map takes a function to run on the ranks, got {type(fn).__name__}")
+        if not sequences:
+            raise TypeError("map needs at least one sequence of items for the function")
+        try:
+            columns = [list(seq) for seq in sequences]
+        except TypeError as e:
+            raise TypeError(f"map needs sequences (or other iterables): {e}") from None
+        if len({len(c) for c in columns}) > 1:
+            lengths = ", ".join(str(len(c)) for c in columns)
+            raise ValueError(f"map: the sequences have different lengths ({lengths})")
+        items = list(zip(*columns, strict=True))
+        ranks = self.targets(targets)
+        chunks = {}
+        for rank, (start, stop) in zip(ranks, chunk_bounds(len(items), len(ranks)), strict=True):
+            if start == stop:
+                continue
+            try:
+                chunks[rank] = (cloudpickle.dumps((fn, items[start:stop]), protocol=5),)
+            except Exception as e:
+                name = getattr(fn, "__qualname__", type(fn).__name__)
+                raise TypeError(
+                    f"map: {name} or its items cannot be sent to the ranks: {e}"
+                ) from None
+        if not chunks:
+            return []
+        mesh = self.call(_map, targets=list(chunks), per_rank=chunks)
+        return [result for part in mesh.values() for result in part]
+
     def targets(self, spec=None) -> list[int]:
         return parse_targets(spec, self.world_size)
 
@@ -505,10 +539,9 @@ class Controller:
             raise TypeError(
                 f"scatter needs a sequence with len() and slicing, got {type(sequence).__name__}"
             ) from None
-        bounds = [n * i // len(ranks) for i in range(len(ranks) + 1)]
         chunks = {}
-        for i, rank in enumerate(ranks):
-            chunk = sequence[bounds[i] : bounds[i + 1]]
+        for rank, (start, stop) in zip(ranks, chunk_bounds(n, len(ranks)), strict=True):
+            chunk = sequence[start:stop]
             if type(chunk).__module__.split(".")[0] == "torch":
                 chunk = chunk.clone()  # a slice is a view, and a view pickles its whole storage
             try:
@@ -644,6 +677,17 @@ def _process_group() -> tuple[str, int, int]:
     return socket.gethostname(), os.getpgid(0), os.getpid()
 
 
+def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` contiguous (start, stop) ranges over ``n`` items, sizes differing by at most 1."""
+    bounds = [n * i // parts for i in range(parts + 1)]
+    return list(itertools.pairwise(bounds))
+
+
 def _apply(engine, blob: bytes):
     fn, args, kwargs = cloudpickle.loads(blob)
     return fn(*args, **kwargs)
+
+
+def _map(engine, blob: bytes) -> list:
+    fn, items = cloudpickle.loads(blob)
+    return [fn(*item) for item in items]

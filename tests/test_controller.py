@@ -251,6 +251,25 @@ def test_apply_errors_show_the_functions_own_frames(clean):
         clean.apply(scaled, threading.Lock())
 
 
+def test_map_splits_the_items_over_the_ranks_and_keeps_their_order(clean):
+    assert clean.map(scaled, range(5), [1, 2, 3, 4, 5]) == [0, 2, 6, 12, 20]
+    assert clean.map(lambda x: (x, os.getpid()), "ab")[0][0] == "a"
+    pids = {pid for _, pid in clean.map(lambda x: (x, os.getpid()), "abc")}
+    assert pids == set(clean.apply(os.getpid).values())  # contiguous chunks, one per rank
+    assert clean.map(scaled, [1], targets="1") == [1]
+    assert clean.map(scaled, []) == []
+    with pytest.raises(CellError) as info:
+        clean.map(scaled, [1, None, 3, 4])
+    assert set(info.value.errors) == {0}
+    assert "in scaled" in "\n".join(info.value.errors[0].traceback)
+    with pytest.raises(ValueError, match=r"different lengths \(2, 3\)"):
+        clean.map(scaled, [1, 2], [1, 2, 3])
+    with pytest.raises(TypeError, match="map needs at least one sequence"):
+        clean.map(scaled)
+    with pytest.raises(TypeError, match="map: scaled or its items cannot be sent"):
+        clean.map(scaled, [threading.Lock()])
+
+
 def test_push_of_something_unpicklable_names_it(clean):
     with pytest.raises(ValueError, match=r"cannot push 'lk': lock cannot be pickled"):
         clean.push({"lk": threading.Lock()})
