@@ -255,21 +255,30 @@ def _reply(channel: Channel, owner: Channel, msg: dict, reply: dict) -> None:
 def _value(value: Any) -> dict[str, Any]:
     try:
         return {"ok": True, "v": cloudpickle.dumps(value, protocol=5)}
-    except Exception as e:
+    except BaseException as e:  # whatever a __reduce__ raises, the call gets its answer
         return _plain_error(f"the return value ({type(value).__name__}) cannot be pickled: {e}")
 
 
 def _error(exc: BaseException) -> dict[str, Any]:
-    te = traceback.TracebackException.from_exception(exc)
-    te.stack = traceback.StackSummary.from_list(
-        [f for f in te.stack if f.filename not in (__file__, cloudpickle.__file__)]
-    )
-    lines = "".join(te.format()).rstrip("\n").splitlines()
+    """The reply for an exception, whatever it does: one whose ``str()`` or pickling raises
+    still answers the call (an unanswered call waits for ever)."""
+    try:
+        te = traceback.TracebackException.from_exception(exc)
+        te.stack = traceback.StackSummary.from_list(
+            [f for f in te.stack if f.filename not in (__file__, cloudpickle.__file__)]
+        )
+        lines = "".join(te.format()).rstrip("\n").splitlines()
+    except Exception:
+        lines = []
+    try:
+        evalue = str(exc)
+    except Exception as e:
+        evalue = f"<str() of the exception raised {type(e).__name__}>"
     try:
         blob = cloudpickle.dumps(exc, protocol=5)
-    except Exception:
+    except BaseException:
         blob = None
-    error = {"ename": type(exc).__name__, "evalue": str(exc), "traceback": lines, "exc": blob}
+    error = {"ename": type(exc).__name__, "evalue": evalue, "traceback": lines, "exc": blob}
     return {"ok": False, "e": error}
 
 

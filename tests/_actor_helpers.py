@@ -121,6 +121,37 @@ class Broken(Actor):
             raise ValueError("no accelerator on this rank")
 
 
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("str() of this exception raises")
+
+
+class Refuses(Actor):
+    """Raises what a careless library might: exceptions whose str() fails, a result whose
+    pickling raises KeyboardInterrupt."""
+
+    def __init__(self, in_init=False):
+        if in_init:
+            raise Unprintable()
+
+    @endpoint
+    def unprintable(self):
+        raise Unprintable()
+
+    @endpoint
+    async def unprintable_async(self):
+        raise Unprintable()
+
+    @endpoint
+    def interrupting_result(self):
+        return InterruptsPickling()
+
+
+class InterruptsPickling:
+    def __reduce__(self):
+        raise KeyboardInterrupt("from __reduce__")
+
+
 class Pinger(Actor):
     def __init__(self):
         self.seen = []

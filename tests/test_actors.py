@@ -296,6 +296,21 @@ def test_a_return_value_the_caller_cannot_unpickle_names_its_rank(counters):
     assert all(isinstance(err, ActorError) for err in errors)
 
 
+def test_exceptions_and_results_that_fail_to_render_still_answer_the_call(mesh):
+    refuses = mesh.spawn("refuses", helpers.Refuses)
+    try:
+        for name in ("unprintable", "unprintable_async"):
+            with pytest.raises(ActorError, match=r"Unprintable: <str\(\) of the exception raised"):
+                getattr(refuses, name).call().get(timeout=10)
+        with pytest.raises(ActorError, match=r"\(InterruptsPickling\) cannot be pickled"):
+            refuses.interrupting_result.call().get(timeout=10)
+        assert refuses.unprintable.choose().exception(timeout=10) is not None
+    finally:
+        refuses.stop().get(timeout=10)
+    with pytest.raises(ActorError, match=r"Refuses.__init__ failed on rank 0: Unprintable"):
+        mesh.spawn("refuses", helpers.Refuses, True)
+
+
 def test_init_errors_are_reported_with_their_rank(mesh):
     with pytest.raises(ActorError, match=r"Broken.__init__ failed on rank 1: ValueError: no acc"):
         mesh.spawn("broken", helpers.Broken, 1)
