@@ -89,12 +89,14 @@ MAX_BROADCAST_ERRORS = 100
 # actors.close() was called with the cluster still up.
 CLUSTER_DOWN = "the cluster was shut down"
 CLOSED = "the actor system was closed for this controller (actors.close())"
+RESTARTED = "the workers were restarted (%monarch restart); spawn again on a new proc_mesh()"
 
 
 class _Member(NamedTuple):
     rank: int  # the cluster rank of the worker
     address: str
     host: str
+    incarnation: str = ""  # which worker process at that address (RankInfo.incarnation)
 
 
 # -- the controller's side: one mailbox per controller ---------------------------------------------
@@ -106,6 +108,13 @@ class _ControllerActors:
         self.mailbox = Mailbox(loop, ctl.client.connection_args, self._broadcast_failed)
         self.broadcast_errors: list[ActorError] = []
         self._watched: set[str] = set()
+        ctl.restart_hooks.append(self._restarting)
+
+    def _restarting(self) -> None:
+        """Every actor goes with its worker; say why, and forget the meshes."""
+        for info in self.ctl.ranks:
+            self.mailbox.mark_dead(info.address, RESTARTED)
+        self.mailbox.meshes.clear()
 
     def watch_scheduler(self) -> None:
         """A worker the scheduler removes is dead even if its comm has not closed yet. Each
@@ -150,6 +159,11 @@ def _controller_state(ctl) -> _ControllerActors:
 
 def _require_controller(ctl=None):
     ctl = ctl if ctl is not None else _controller.current()
+    if ctl is None and current_host() is not None:
+        raise _controller.ClusterError(
+            "proc_mesh() is the notebook's: inside an actor, spawn on a ProcMesh passed in as "
+            "an argument (to __init__ or an endpoint)"
+        )
     if ctl is None or ctl.closed:
         raise _controller.ClusterError(
             "no cluster is up: start one with %monarch up (or monarch_nb.up()) first"
@@ -330,11 +344,17 @@ def proc_mesh(ctl=None) -> ProcMesh:
     ctl = _require_controller(ctl)
     state = _controller_state(ctl)
     state.watch_scheduler()  # the ranks' addresses change on restart
-    members = [_Member(i.rank, i.address, i.host) for i in ctl.ranks]
+    state.mailbox.know_workers({i.address: i.incarnation for i in ctl.ranks})
+    members = [_Member(i.rank, i.address, i.host, i.incarnation) for i in ctl.ranks]
     return ProcMesh(members, _dims_of(ctl.ranks), range(len(members)), state.mailbox)
 
 
 # -- actor meshes ----------------------------------------------------------------------------------
+_OWN = frozenset(
+    ("_members", "_dims", "_positions", "_box", "_id", "_class_name", "_endpoints", "_methods")
+)
+
+
 class ActorMesh(_Mesh):
     """One actor per process of the mesh it was spawned on; ``mesh.ENDPOINT.ADVERB(...)``."""
 
@@ -354,10 +374,12 @@ class ActorMesh(_Mesh):
         return ActorMesh(self.name, self._id, info, self._members, dims, positions, self._box)
 
     def __getattr__(self, attr: str):
-        if attr.startswith("_"):
+        if attr.startswith("__") or attr in _OWN:  # before __init__ has set them (unpickling)
             raise AttributeError(attr)
         if attr in self._endpoints:
             return ActorEndpoint(self, attr)
+        if attr.startswith("_"):
+            raise AttributeError(attr)
         if attr in self._methods:
             return NotAnEndpoint(self, attr)
         known = ", ".join(sorted(self._endpoints)) or "none"
@@ -404,7 +426,7 @@ def dead_actors(ctl=None) -> list[tuple[str, int, str]]:
     dead = []
     for mesh in list(state.mailbox.meshes.values()):
         for _, member in mesh._targets():
-            cause = state.mailbox.cause_of(member.address)
+            cause = state.mailbox.cause_of(member.address, member.incarnation)
             if cause is not None:
                 dead.append((mesh.name, member.rank, cause))
     return sorted(dead, key=lambda d: (d[0], d[1]))

@@ -107,7 +107,8 @@ class ActorEndpoint:
         targets = mesh._targets()
         start = next(_rotation) % len(targets)
         order = targets[start:] + targets[:start]
-        pick = min(order, key=lambda t: box.inflight[(mesh._id, mesh._positions[t[0]])])
+        alive = [t for t in order if box.cause_of(t[1].address, t[1].incarnation) is None]
+        pick = min(alive or order, key=lambda t: box.inflight[(mesh._id, mesh._positions[t[0]])])
         msgs = self._messages([pick], args, kwargs)
         return gather(mesh, msgs, self._where, lambda raw: next(iter(raw.values())))
 
@@ -136,7 +137,16 @@ class ActorEndpoint:
         def on_lost(rank, address, cause):
             futures[next(arrived)]._finish(error=SupervisionError(mesh.name, rank, address, cause))
 
-        _send(mesh, msgs, on_reply, on_lost)
+        box, alive = mesh._mailbox, []
+        for m in msgs:  # an actor known to be dead answers at once
+            member = mesh._members[mesh._positions[m["pt"]]]
+            cause = box.cause_of(member.address, member.incarnation)
+            if cause is None:
+                alive.append(m)
+            else:
+                on_lost(member.rank, member.address, cause)
+        if alive:
+            _send(mesh, alive, on_reply, on_lost)
         return iter(futures)
 
     def broadcast(self, *args, **kwargs) -> None:
@@ -157,7 +167,7 @@ def _check_alive(mesh, msgs: list[dict]) -> None:
     box = mesh._mailbox
     for m in msgs:
         member = mesh._members[mesh._positions[m["pt"]]]
-        cause = box.cause_of(member.address)
+        cause = box.cause_of(member.address, member.incarnation)
         if cause is not None:
             raise SupervisionError(getattr(mesh, "name", "?"), member.rank, member.address, cause)
 

@@ -287,6 +287,8 @@ class Mailbox:
         self.id = uuid.uuid4().hex
         self.on_unsolicited = on_unsolicited  # broadcast errors that are reported to us
         self.dead: dict[str, str] = {}  # address -> cause
+        self.workers: dict[str, str] = {}  # address -> incarnation of the process there now
+        self.ended: dict[str, str] = {}  # incarnation -> cause, for processes since replaced
         # (mesh id, position) -> messages sent to that actor and not yet answered; no zeros
         self.inflight: Counter = Counter()
         self.meshes: dict[str, Any] = {}  # actor meshes spawned from here, by id
@@ -317,8 +319,31 @@ class Mailbox:
                 self.inflight.update(pending.keys.values())
         self._soon(self._on_send, msgs)
 
-    def cause_of(self, address: str) -> str | None:
+    def cause_of(self, address: str, incarnation: str = "") -> str | None:
+        """Why the worker process at ``address`` (the one ``incarnation`` names, where given)
+        is gone; None while it lives."""
+        if incarnation in self.ended:
+            return self.ended[incarnation]
         return self.dead.get(address)
+
+    def know_workers(self, workers: dict[str, str]) -> None:
+        """The worker processes now at these addresses (address -> incarnation). A new process
+        at the address of a dead one (a restart with fixed ports) is alive, while actors on
+        the old one stay dead for the reason it died."""
+
+        def update() -> None:
+            for address, incarnation in workers.items():
+                previous = self.workers.get(address)
+                self.workers[address] = incarnation
+                if previous in (None, incarnation) or not incarnation:
+                    continue
+                if address not in self.dead:
+                    self._on_dead(address, "its worker process was replaced")
+                self.ended[previous] = self.dead.pop(address)
+
+        done = threading.Event()
+        self._soon(lambda: (update(), done.set()))
+        done.wait(timeout=30)
 
     def mark_dead(self, address: str, cause: str) -> None:
         """Another signal (the scheduler removed the worker) that ``address`` is gone."""

@@ -48,6 +48,9 @@ _current: Controller | None = None
 class ClusterError(RuntimeError):
     """A cluster could not be made, joined or used; the message says what to do."""
 
+    def _render_traceback_(self) -> list[str]:  # IPython: the one line, without our frames
+        return [f"ClusterError: {self}"]
+
 
 def current() -> Controller | None:
     return _current
@@ -85,6 +88,7 @@ class Controller:
         self._notices: list[str] = []
         self._said: set[str] = set()  # notices given once per controller
         self._restarting = False
+        self.restart_hooks: list = []  # called before the workers restart (the actors' state)
         self._detached = False  # a restart was interrupted: attach to the new workers on use
         self._notices_lock = threading.Lock()
         self._loop = client.loop.asyncio_loop
@@ -126,8 +130,11 @@ class Controller:
     def rank_table(workers: Mapping[str, dict], previous: list[RankInfo] | None = None):
         """Ranks in a deterministic order: worker names 0..N-1 where the cluster gave them (a
         local cluster, and across restarts), else sorted by host, then address."""
-        entries = [(addr, w.get("name", addr), w.get("host", "")) for addr, w in workers.items()]
-        names = [name for _, name, _ in entries]
+        entries = [
+            (addr, w.get("name", addr), w.get("host", ""), w.get("local_directory", ""))
+            for addr, w in workers.items()
+        ]
+        names = [entry[1] for entry in entries]
         if previous:
             order = {p.name: p.rank for p in previous}
             if set(names) == set(order):
@@ -143,10 +150,10 @@ class Controller:
     def _with_local_ranks(entries) -> list[RankInfo]:
         per_host: dict[str, int] = {}
         table = []
-        for rank, (addr, name, host) in enumerate(entries):
+        for rank, (addr, name, host, incarnation) in enumerate(entries):
             local = per_host.get(host, 0)
             per_host[host] = local + 1
-            table.append(RankInfo(rank, name, addr, host, local))
+            table.append(RankInfo(rank, name, addr, host, local, incarnation=incarnation))
         return table
 
     def _attach(self, workers: Mapping[str, dict]) -> None:
@@ -213,8 +220,13 @@ class Controller:
                 self._notice_once(self._scheduler_gone())
                 return
             for addr, w in workers.items():
-                if w.get("name", addr) == old.name and addr != old.address:
-                    info = RankInfo(rank, old.name, addr, w.get("host", old.host), old.local_rank)
+                incarnation = w.get("local_directory", "")
+                if w.get("name", addr) == old.name and (addr, incarnation) != (
+                    old.address,
+                    old.incarnation,
+                ):
+                    host = w.get("host", old.host)
+                    info = RankInfo(rank, old.name, addr, host, old.local_rank, True, incarnation)
                     self.ranks[rank] = info
                     try:
                         self._open_links([info])
@@ -623,6 +635,8 @@ class Controller:
         try:
             self._close_links()
             self._detached = True
+            for hook in self.restart_hooks:
+                hook()
             self.client.restart(wait_for_workers=True)
             self._reattach()
         except KeyboardInterrupt:

@@ -39,6 +39,9 @@ class RankInfo:
     host: str
     local_rank: int = 0
     alive: bool = True
+    # Tells two worker processes at one address apart (a restart with fixed ports): the
+    # worker's scratch directory, which Dask makes afresh for every worker process.
+    incarnation: str = ""
 
 
 class Request:

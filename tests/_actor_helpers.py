@@ -152,6 +152,18 @@ class InterruptsPickling:
         raise KeyboardInterrupt("from __reduce__")
 
 
+class Inner(Actor):
+    @endpoint
+    def own_mesh(self):
+        from monarch_nb.actors import proc_mesh
+
+        return proc_mesh()
+
+    @endpoint
+    def _hidden(self):
+        return "found"
+
+
 class Pinger(Actor):
     def __init__(self):
         self.seen = []

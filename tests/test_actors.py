@@ -474,8 +474,19 @@ def test_proc_mesh_without_a_cluster(ctl):
         with pytest.raises(monarch_nb.ClusterError) as e:
             actors.proc_mesh()
         assert "no cluster is up: start one with %monarch up" in one_line(e)
+        assert e.value._render_traceback_() == [f"ClusterError: {e.value}"]  # IPython: one line
     finally:
         controller_module._set_current(ctl)
+
+
+def test_proc_mesh_inside_an_actor_says_to_pass_one_in_and_underscored_endpoints_work(mesh):
+    inner = mesh.spawn("inner", helpers.Inner)
+    try:
+        with pytest.raises(ActorError, match="inside an actor, spawn on a ProcMesh passed in"):
+            inner.own_mesh.call().get(timeout=10)
+        assert inner._hidden.call().get(timeout=10).values() == ["found", "found"]
+    finally:
+        inner.stop().get(timeout=10)
 
 
 def test_an_endpoint_named_like_a_mesh_attribute_is_refused(counters):

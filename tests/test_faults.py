@@ -8,17 +8,22 @@ import _thread
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 
+import _actor_helpers as actor_helpers
+import cloudpickle
 import pytest
 from _wait import running, wait_for
 
 import monarch_nb
-from monarch_nb import CellError, CellTimeout, ClusterError, registry
+from monarch_nb import CellError, CellTimeout, ClusterError, actors, registry
 from monarch_nb import controller as module
+
+cloudpickle.register_pickle_by_value(actor_helpers)
 
 ALL_REDUCE = (
     "import torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()"
@@ -71,6 +76,22 @@ def test_sigkill_mid_cell_names_the_rank_and_the_replacement_takes_it(own):
 @pytest.fixture
 def outside_cluster(tmp_path):
     """A scheduler and two workers in processes of their own, as on a real allocation."""
+    yield from _outside_cluster(tmp_path)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def fixed_ports_cluster(tmp_path):
+    """The same with each worker on a port of its own: its nanny restarts it there."""
+    yield from _outside_cluster(tmp_path, worker_ports=(_free_port(), _free_port()))
+
+
+def _outside_cluster(tmp_path, worker_ports=(None, None)):
     path = tmp_path / "scheduler.json"
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     scheduler = subprocess.Popen(
@@ -83,13 +104,14 @@ def outside_cluster(tmp_path):
     procs = [scheduler]
     try:
         assert wait_for(path.exists, timeout=30), "the scheduler did not start"
-        for name in ("0", "1"):
+        for name, port in zip(("0", "1"), worker_ports, strict=True):
+            fixed = ("--worker-port", str(port)) if port else ()
             procs.append(
                 subprocess.Popen(
                     [
                         *(sys.executable, "-m", "distributed.cli.dask_worker"),
                         *("--scheduler-file", str(path), "--name", name, "--nthreads", "1"),
-                        *("--no-dashboard", "--host", "127.0.0.1"),
+                        *("--no-dashboard", "--host", "127.0.0.1", *fixed),
                     ],
                     **quiet,
                 )
@@ -138,6 +160,43 @@ def test_scheduler_killed_is_named_as_the_cause(cell, no_current, outside_cluste
     assert time.monotonic() - killed < 10
     with pytest.raises(ClusterError, match=r"scheduler .* is gone"):
         ctl.run("rank")
+
+
+def test_workers_back_at_the_same_address_are_new_processes_to_cells_and_actors(
+    no_current, fixed_ports_cluster
+):
+    """A restart, then a killed worker, with fixed worker ports: the new processes are attached
+    and spawned on, and actors on the old ones stay dead, saying why."""
+    path, _ = fixed_ports_cluster
+    ctl = monarch_nb.connect(scheduler_file=str(path), workers=2, dist=False)
+    addresses = [info.address for info in ctl.ranks]
+    old = actors.proc_mesh().spawn("old", actor_helpers.Counter)
+    ctl.restart()
+    assert [info.address for info in ctl.ranks] == addresses
+    with pytest.raises(actors.SupervisionError, match=r"rank 0 is dead: the workers were restar"):
+        old.incr.call().get(timeout=10)
+    counters = actors.proc_mesh().spawn("counters", actor_helpers.Counter)
+    assert counters.incr.call().get(timeout=10).values() == [1, 1]
+    assert actors.dead_actors() == []  # the meshes from before the restart are forgotten
+
+    pid = ctl.run("import os\nos.getpid()", targets=1).item()
+    os.kill(pid, signal.SIGKILL)
+    notices: list[str] = []
+    assert wait_for(
+        lambda: (
+            notices.extend(ctl.notices()) or any("replacement worker took" in n for n in notices)
+        ),
+        timeout=30,
+    ), notices
+    assert [info.address for info in ctl.ranks] == addresses
+    assert ctl.run("rank").values() == [0, 1]  # the replacement at the old address is attached
+    lost = [f.exception(timeout=10) for f in counters.incr.stream()]
+    assert lost[1] is None and "rank 1 is dead" in str(lost[0])
+    assert {counters.incr.choose().get(timeout=10) for _ in range(3)} == {3, 4, 5}  # rank 0
+    again = actors.proc_mesh().spawn("again", actor_helpers.Counter)
+    assert again.incr.call().get(timeout=10).values() == [1, 1]
+    assert [name for name, _, _ in actors.dead_actors()] == ["counters"]
+    ctl.down()
 
 
 # -- an interrupted up ----------------------------------------------------------------------------
