@@ -41,6 +41,7 @@ from typing import NamedTuple
 
 import cloudpickle
 
+from . import actors_output
 from . import controller as _controller
 from .actors_adverbs import ActorEndpoint, NotAnEndpoint, gather, pack_args
 from .actors_context import (
@@ -105,7 +106,7 @@ class _ControllerActors:
         self.ctl = ctl
         ctl.client.register_plugin(ActorPlugin(), name=PLUGIN_NAME)
         loop = ctl.client.loop.asyncio_loop
-        self.mailbox = Mailbox(loop, ctl.client.connection_args, self._broadcast_failed)
+        self.mailbox = Mailbox(loop, ctl.client.connection_args, self._unsolicited)
         self.broadcast_errors: list[ActorError] = []
         self._watched: set[str] = set()
         ctl.restart_hooks.append(self._restarting)
@@ -133,6 +134,12 @@ class _ControllerActors:
                 self.mailbox.mark_dead(address, f"the scheduler removed the worker ({why})")
 
         return on_event
+
+    def _unsolicited(self, msg: dict) -> None:
+        if "out" in msg:  # what actors printed
+            actors_output.show(msg)
+        else:
+            self._broadcast_failed(msg)
 
     def _broadcast_failed(self, msg: dict) -> None:
         host = next((i.host for i in self.ctl.ranks if i.rank == msg["r"]), "?")

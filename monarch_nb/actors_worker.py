@@ -21,7 +21,9 @@ from distributed import WorkerPlugin
 from distributed.comm import CommClosedError
 from distributed.core import Status
 
+from . import actors_output, capture
 from .actors_context import Context, Instance, Point, _context, endpoints_of
+from .actors_output import ActorConsole, ActorOutbox
 from .actors_wire import ATTACH, Mailbox, Writer
 
 PLUGIN_NAME = "monarch-actors"
@@ -84,6 +86,9 @@ class ActorHost:
             return self._mailbox
 
     def _unsolicited(self, msg: dict) -> None:
+        if "out" in msg:  # what the actors of a mesh this worker's actors spawned printed
+            actors_output.show(msg)
+            return
         e = msg.get("e", {})
         logger.error(
             "broadcast to %s failed on rank %s: %s: %s",
@@ -135,6 +140,8 @@ class ActorRunner:
         self.host = host
         self.owner = owner
         self.name = spawn["name"]
+        self.output = ActorOutbox(host.loop, self._send_output)
+        self._rank = spawn["r"]
         self.actor: Any = None
         self.endpoints: dict[str, Any] = {}
         self.instance: Instance | None = None
@@ -149,7 +156,11 @@ class ActorRunner:
         with contextlib.suppress(RuntimeError):  # stopped
             self.loop.call_soon_threadsafe(self._handle, channel, msg)
 
+    def _send_output(self, events: list[dict]) -> None:
+        self.owner._send({"out": events, "r": self._rank, "mesh": self.name})
+
     def _main(self) -> None:
+        capture.route_thread(self.output, ActorConsole(self.output))
         asyncio.set_event_loop(self.loop)
         try:
             self.loop.run_forever()
@@ -201,6 +212,7 @@ class ActorRunner:
             reply = _error(e)
             self.host.loop.call_soon_threadsafe(self.host.actors.pop, msg["mesh"], None)
             self.loop.stop()
+        self.output.end_call()
         _reply(channel, channel, msg, reply)
 
     def _call(self, channel: Channel, msg: dict[str, Any]) -> None:
@@ -222,6 +234,7 @@ class ActorRunner:
             reply = _error(e)
         finally:
             _context.reset(token)
+        self.output.end_call()
         _reply(channel, self.owner, msg, reply)
 
     @contextlib.contextmanager
@@ -241,6 +254,7 @@ class ActorRunner:
             reply = _value(await ep.method(self.actor, *args, **kwargs))
         except BaseException as e:
             reply = _error(e)
+        self.output.end_call()
         _reply(channel, self.owner, msg, reply)
 
 

@@ -120,6 +120,12 @@ class Console:
             return True
 
 
+def route_thread(outbox, console) -> None:
+    """What the calling thread (an actor's) writes goes to ``outbox``; what threads it starts
+    write goes to ``console``."""
+    _local.capture, _local.console = (outbox, ""), console
+
+
 def _console_of_caller() -> Console | None:
     """The console a thread started now by the calling thread belongs to."""
     console = getattr(_local, "console", None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 import time
 
@@ -162,6 +163,22 @@ class Inner(Actor):
     @endpoint
     def _hidden(self):
         return "found"
+
+
+class Talker(Actor):
+    def __init__(self):
+        print("ready")
+
+    @endpoint
+    def talk(self, n):
+        for i in range(n):
+            print("line", i)
+        print("oops", file=sys.stderr)
+        thread = threading.Thread(target=print, args=("from a thread",))
+        thread.start()
+        thread.join()
+        print("unfinished", end="")
+        return n
 
 
 class Pinger(Actor):

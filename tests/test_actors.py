@@ -278,6 +278,20 @@ def test_sources_keep_only_the_latest_spans_of_a_redefined_function(tmp_path):
     assert kept._spans["boom"][0] == (cell, 2, 4)  # the latest first (from its decorator)
 
 
+def test_what_actors_print_is_shown_tagged_before_the_reply(mesh, capsys):
+    talker = mesh.spawn("talker", helpers.Talker)
+    try:
+        assert talker.talk.call(2).get(timeout=10).values() == [2, 2]
+        out, err = capsys.readouterr()
+    finally:
+        talker.stop().get(timeout=10)
+    for rank in (0, 1):
+        tag = f"[talker rank {rank}] "
+        mine = [line[len(tag) :] for line in out.splitlines() if line.startswith(tag)]
+        assert mine == ["ready", "line 0", "line 1", "from a thread", "unfinished"]
+        assert f"{tag}oops" in err.splitlines()
+
+
 def test_an_unpicklable_return_value_is_an_error_saying_why(counters):
     with pytest.raises(ActorError, match=r"return value \(generator\) cannot be pickled"):
         counters.generator.call().get(timeout=10)
