@@ -86,7 +86,14 @@ class ActorHost:
             return self._mailbox
 
     def _unsolicited(self, msg: dict) -> None:
-        if "out" in msg:  # what the actors of a mesh this worker's actors spawned printed
+        """What a mesh that an actor here spawned reports (its output, broadcast failures) goes
+        on to that actor's own owner, and so up to the notebook; where the spawner is gone, to
+        this worker's log."""
+        for runner in list(self.actors.values()):
+            if runner.instance is not None and msg.get("mid") in runner.instance._children:
+                runner.owner._send(msg)
+                return
+        if "out" in msg:
             actors_output.show(msg)
             return
         e = msg.get("e", {})
@@ -141,7 +148,7 @@ class ActorRunner:
         self.owner = owner
         self.name = spawn["name"]
         self.output = ActorOutbox(host.loop, self._send_output)
-        self._rank = spawn["r"]
+        self._rank, self._id = spawn["r"], spawn["mesh"]
         self.actor: Any = None
         self.endpoints: dict[str, Any] = {}
         self.instance: Instance | None = None
@@ -157,7 +164,7 @@ class ActorRunner:
             self.loop.call_soon_threadsafe(self._handle, channel, msg)
 
     def _send_output(self, events: list[dict]) -> None:
-        self.owner._send({"out": events, "r": self._rank, "mesh": self.name})
+        self.owner._send({"out": events, "r": self._rank, "mesh": self.name, "mid": self._id})
 
     def _main(self) -> None:
         capture.route_thread(self.output, ActorConsole(self.output))
@@ -263,7 +270,8 @@ def _reply(channel: Channel, owner: Channel, msg: dict, reply: dict) -> None:
     if "id" in msg:
         channel.send({"id": msg["id"], "r": msg["r"], **reply})
     elif not reply["ok"]:
-        owner.send({"r": msg["r"], "where": msg["where"], "broadcast": True, **reply})
+        report = {"r": msg["r"], "mid": msg["mesh"], "where": msg["where"], "broadcast": True}
+        owner.send({**report, **reply})
 
 
 def _value(value: Any) -> dict[str, Any]:

@@ -244,6 +244,25 @@ class Parent(Actor):
         return len(context().actor_instance._children)
 
 
+class Loud(Actor):
+    @endpoint
+    def shout(self):
+        print("kid speaking")
+        raise ValueError("kid failed")
+
+
+class Relay(Actor):
+    """Spawns a mesh of its own whose output and broadcast failures go up to the notebook."""
+
+    def __init__(self, procs):
+        me = context().actor_instance.rank["gpus"]
+        self.kids = procs.slice(gpus=slice(me, me + 1)).spawn("kids", Loud)
+
+    @endpoint
+    def relay(self):
+        self.kids.shout.broadcast()
+
+
 class NotAnActor:
     pass
 

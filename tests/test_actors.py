@@ -14,6 +14,7 @@ import traceback
 import _actor_helpers as helpers
 import cloudpickle
 import pytest
+from _wait import wait_for
 
 import monarch_nb
 from monarch_nb import actors, actors_context
@@ -137,6 +138,25 @@ def test_broadcast_runs_everywhere_and_reports_its_errors(ctl, counters, capsys)
     err = capsys.readouterr().err
     assert "broadcast to Counter.fail failed on rank 0: ZeroDivisionError" in err
     assert actors.broadcast_errors(ctl) == []
+
+
+def test_a_mesh_an_actor_spawned_reports_its_output_and_failures_up_to_the_notebook(
+    ctl, mesh, capsys
+):
+    actors.broadcast_errors(ctl, clear=True)
+    relays = mesh.spawn("relays", helpers.Relay, mesh)
+    try:
+        relays.relay.call().get(timeout=10)
+        assert wait_for(lambda: len(actors.broadcast_errors(ctl)) == 2)
+    finally:
+        relays.stop().get(timeout=10)
+    errors = actors.broadcast_errors(ctl, clear=True)
+    assert {(e.rank, e.where, e.evalue) for e in errors} == {
+        (0, "broadcast to Loud.shout", "kid failed"),
+        (1, "broadcast to Loud.shout", "kid failed"),
+    }
+    out = capsys.readouterr().out.splitlines()
+    assert "[kids rank 0] kid speaking" in out and "[kids rank 1] kid speaking" in out
 
 
 def test_one_thousand_rapid_messages_arrive_in_order(counters):
@@ -388,15 +408,6 @@ def test_stopped_actors_answer_with_an_error(mesh):
 def actors_running(ctl) -> list[str]:
     """The names of the actors living on the shared cluster's workers."""
     return sorted(name for names in ctl.client.run(helpers.actors_here).values() for name in names)
-
-
-def wait_for(check, timeout=10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def test_ctrl_c_during_spawn_stops_the_actors(ctl, mesh):
