@@ -69,6 +69,9 @@ class ValueMesh:
         unknown = set(point) - set(self.dims)
         if unknown:
             raise KeyError(f"unknown mesh dimension {sorted(unknown)}; dimensions are {self.dims}")
+        missing = [f"{name}=" for name, size in self.dims.items() if size > 1 and name not in point]
+        if missing:  # a dimension of size 1 can only be 0; any other would be a guess
+            raise KeyError(f"item() needs {', '.join(missing)} too; dimensions are {self.dims}")
         rank, stride = 0, 1
         for name, size in reversed(self.dims.items()):
             index = point.get(name, 0)

@@ -84,6 +84,8 @@ def test_a_reversed_slice_is_indexed_by_its_own_positions(counters):
     assert where.ranks == [0, 1]  # still keyed by cluster rank
     permuted = ValueMesh({0: "a", 1: "b", 2: "c", 3: "d"}, {"x": 2, "y": 2}, order=[3, 1, 2, 0])
     assert [permuted.item(x=x, y=y) for x in (0, 1) for y in (0, 1)] == ["d", "b", "c", "a"]
+    with pytest.raises(KeyError, match=r"item\(\) needs y= too"):
+        permuted.item(x=1)  # not y=0 by default: a guess
 
 
 def test_choose_picks_the_least_busy_actor(counters):
