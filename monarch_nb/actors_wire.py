@@ -331,18 +331,22 @@ class Mailbox:
         at the address of a dead one (a restart with fixed ports) is alive, while actors on
         the old one stay dead for the reason it died."""
 
-        def update() -> None:
-            for address, incarnation in workers.items():
-                previous = self.workers.get(address)
-                self.workers[address] = incarnation
-                if previous in (None, incarnation) or not incarnation:
-                    continue
-                if address not in self.dead:
-                    self._on_dead(address, "its worker process was replaced")
-                self.ended[previous] = self.dead.pop(address)
-
         done = threading.Event()
-        self._soon(lambda: (update(), done.set()))
+
+        def update() -> None:
+            try:
+                for address, incarnation in workers.items():
+                    previous = self.workers.get(address)
+                    self.workers[address] = incarnation
+                    if previous in (None, incarnation) or not incarnation:
+                        continue
+                    if address not in self.dead:
+                        self._on_dead(address, "its worker process was replaced")
+                    self.ended[previous] = self.dead.pop(address)
+            finally:
+                done.set()
+
+        self._soon(update)
         done.wait(timeout=30)
 
     def mark_dead(self, address: str, cause: str) -> None:

@@ -226,7 +226,9 @@ class Controller:
                     old.incarnation,
                 ):
                     host = w.get("host", old.host)
-                    info = RankInfo(rank, old.name, addr, host, old.local_rank, True, incarnation)
+                    info = RankInfo(
+                        rank, old.name, addr, host, old.local_rank, incarnation=incarnation
+                    )
                     self.ranks[rank] = info
                     try:
                         self._open_links([info])
