@@ -27,6 +27,7 @@ from typing import Any
 import cloudpickle
 
 from . import dashboard, gathering, metrics, registry, remote, syntax
+from .dist import form_if_pending, regroup_after_interrupt
 from .engine import PLUGIN_NAME, EnginePlugin
 from .handles import CellHandle
 from .links import Link, RankInfo, Reader, Request, Router
@@ -95,6 +96,7 @@ class Controller:
         self.dist_wanted, self.dist_backend_choice = dist, backend
         self.dist_backend: str | None = None  # the process group's backend, once formed
         self.dist_error: str | None = None
+        self.regroup_pending = False  # an interrupt left the group out of step (dist.py)
         self.client.register_plugin(EnginePlugin(_process_group()), name=PLUGIN_NAME)
         self.metrics = metrics.install(self.client)
         self._attach(self._wait_for_workers(expected or 1, timeout=60))
@@ -106,6 +108,7 @@ class Controller:
         from .dist import DistError, form_group
 
         self.dist_backend = self.dist_error = None
+        self.regroup_pending = False
         if not self.dist_wanted:
             return
         try:
@@ -380,6 +383,7 @@ class Controller:
     def _settle(self, req: Request, outcomes: dict[int, dict], stopped=None, timeout=None):
         """The outcomes as a ValueMesh, or the error that carries what did arrive."""
         hosts = {rank: self.ranks[rank].host for rank in req.ranks}
+        regroup_after_interrupt(self, req, outcomes)
         return gathering.settle(req.ranks, hosts, outcomes, stopped, timeout)
 
     # -- the public API -----------------------------------------------------------------------
@@ -405,6 +409,7 @@ class Controller:
         # the ranks lack is reported before anything is sent.
         python = syntax.to_python(code)
         ast.parse(python, "<cell>")
+        form_if_pending(self)
         busy = self._router.busy()
         waiting = sorted(set(busy) & set(ranks))
         if waiting and block and not quiet:

@@ -8,13 +8,20 @@ through that store, each in its own engine thread, at the same time. ``nccl`` on
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import sys
+import time
 from datetime import timedelta
 from typing import Any
 
+from .gathering import gather
+from .output import Renderer
 from .results import CellError
+from .targets import format_ranks
 
 DEFAULT_TIMEOUT = 30.0
+UNSTICK_WAIT = 3.0  # seconds for a rank waiting in a collective to notice its peers left
 
 _store: dict[str, Any] = {}  # on a worker: the TCPStore rank 0 serves
 
@@ -34,11 +41,17 @@ def master_host(address: str) -> str:
     return host.strip("[]")
 
 
-def form_group(ctl, backend: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> str:
-    """(Re-)form the default process group over every rank; returns the backend used."""
+def form_group(ctl, backend: str | None = None, timeout: float | None = None) -> str:
+    """(Re-)form the default process group over every rank; returns the backend used.
+    ``timeout``: how long a collective may wait for its peers (DEFAULT_TIMEOUT)."""
+    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     kinds = ctl.call(_device_kind).values()
     backend = backend or default_backend(kinds)
     host = master_host(ctl.ranks[0].address)
+    # Every rank leaves the old group at once: a rank destroying a group alone waits for its
+    # unfinished collectives (an interrupted async all_reduce) until the group's timeout, while
+    # the others leaving closes the connections those collectives wait on.
+    ctl.call(_leave)
     try:
         port = ctl.call(_open_store, host, ctl.world_size, timeout, targets=[0]).item(0)
         ctl.call(_join, backend, host, port, timeout)
@@ -50,6 +63,108 @@ def form_group(ctl, backend: str | None = None, timeout: float = DEFAULT_TIMEOUT
             f"{first.ename}: {first.evalue}); the cluster is usable without it"
         ) from None
     return backend
+
+
+def regroup_after_interrupt(ctl, req, outcomes: dict[int, dict]) -> None:
+    """After an interrupted cell, form the process group again if the ranks stopped at
+    different collectives. A rank interrupted between two collectives leaves a peer waiting
+    in the next one (StillRunning until the group's timeout, then the pairs are closed for
+    good), or ranks stop one collective apart and the next cell's collectives pair up wrongly.
+    Ranks still waiting are set free by closing the group on the others (where nothing else
+    holds it: a DistributedDataParallel model does); then it forms again, at once or, for a
+    rank the group's timeout must free, before the next cell."""
+    if not ctl.dist_backend or req.kind != "execute" or len(req.ranks) != ctl.world_size:
+        return
+    stuck = [r for r in req.ranks if r not in outcomes]
+    if len(stuck) == len(req.ranks) or not (stuck or any(map(_interrupted, outcomes.values()))):
+        return  # nothing was interrupted, or every rank is in a C call: no collective between
+    try:
+        if stuck:
+            ctl.call(_leave, targets=[r for r in req.ranks if r not in stuck])
+            with contextlib.suppress(TimeoutError):
+                gather(req, Renderer(stuck), time.monotonic() + UNSTICK_WAIT, outcomes)
+            for rank in stuck:
+                if rank in outcomes:  # set free: its collective failed, as it was meant to
+                    outcomes[rank] = _SET_FREE
+            still = [r for r in stuck if r not in outcomes]
+            if still:
+                ctl.regroup_pending = True
+                _say(
+                    f"{format_ranks(still)} still waits in a C call (a collective the other "
+                    f"ranks left, say): the {ctl.dist_backend} process group forms again before "
+                    f"the next cell, once the group's {DEFAULT_TIMEOUT:g} s timeout frees it"
+                )
+                return
+            why = "a rank was left waiting in a collective"
+        else:
+            counts = ctl.call(_collectives).values()
+            if len(set(counts)) == 1:
+                return  # in step: every rank stopped after the same collective
+            why = "collectives done: " + ", ".join(f"rank {r}: {n}" for r, n in enumerate(counts))
+        _form_again(ctl, f"the interrupt left the ranks out of step ({why})")
+    except KeyboardInterrupt:
+        _say("interrupted while the process group formed again; it forms before the next cell")
+    except CellError as e:  # a rank lost meanwhile: its replacement forms the group again
+        _say(f"the process group was not formed again after the interrupt: {e.headline}")
+
+
+def form_if_pending(ctl) -> None:
+    """Before a cell: the group an interrupt left out of step forms again, once the rank that
+    still waited in a collective is free (the cell would wait behind it anyway)."""
+    if not ctl.regroup_pending:
+        return
+    busy = sorted(set(ctl._router.busy()))
+    if busy:
+        _say(
+            f"forming the process group again first: waiting for {format_ranks(busy)} "
+            "(interrupt to stop waiting)"
+        )
+    _form_again(ctl, "after the interrupt a rank still waited in a collective")
+
+
+def _form_again(ctl, why: str) -> None:
+    ctl.regroup_pending = False
+    try:
+        ctl._form_group()
+    except BaseException:
+        ctl.regroup_pending = True
+        raise
+    if ctl.dist_backend:
+        _say(
+            f"{why}; the {ctl.dist_backend} process group was formed again (wrap models in "
+            "DistributedDataParallel again)"
+        )
+    else:
+        _say(f"the process group could not form again: {ctl.dist_error}")
+
+
+_SET_FREE = {
+    "ev": "done",
+    "status": "error",
+    "error": {
+        "ename": "KeyboardInterrupt",
+        "evalue": "interrupted while it waited in a collective the other ranks had left",
+        "traceback": [],
+    },
+}
+
+
+def _interrupted(ev: dict) -> bool:
+    return ev.get("status") == "error" and ev["error"].get("ename") == "KeyboardInterrupt"
+
+
+def _say(text: str) -> None:
+    print(f"monarch-nb: {text}", file=sys.stderr, flush=True)
+
+
+def _collectives(engine) -> int:
+    """How many collectives this rank has called on the default group."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    if not dist.is_initialized():
+        return -1
+    return distributed_c10d._get_default_group()._get_sequence_number_for_group()
 
 
 def _device_kind(engine) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import _thread
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -20,7 +21,7 @@ import pytest
 from _wait import running, wait_for
 
 import monarch_nb
-from monarch_nb import CellError, CellTimeout, ClusterError, actors, registry
+from monarch_nb import CellError, CellTimeout, ClusterError, actors, dist, registry
 from monarch_nb import controller as module
 
 cloudpickle.register_pickle_by_value(actor_helpers)
@@ -425,7 +426,7 @@ def interrupt_after(seconds: float) -> None:
     threading.Timer(seconds, _thread.interrupt_main).start()
 
 
-def test_interrupt_during_a_collective_then_restart_recovers(cell, clean):
+def test_interrupt_during_a_collective_sets_the_waiting_rank_free_and_forms_the_group(cell, clean):
     interrupt_after(1.0)
     start = time.monotonic()
     cell(
@@ -436,12 +437,54 @@ def test_interrupt_during_a_collective_then_restart_recovers(cell, clean):
     assert time.monotonic() - start < 6  # control comes back: 1 s + the interrupt's grace
     err = cell.error
     assert isinstance(err, CellError) and err.headline == "interrupted rank 0"
-    assert err.errors[0].ename == "StillRunning"  # blocked in gloo's C code
-    assert "%monarch restart" in err.errors[0].evalue
+    assert err.errors[0].ename == "KeyboardInterrupt"  # no longer blocked in gloo's C code
+    assert "waited in a collective the other ranks had left" in err.errors[0].evalue
     assert err.results.to_dict() == {1: 1}
+    assert "the gloo process group was formed again" in cell.err
+    assert cell(f"%%monarch\n{ALL_REDUCE}").values() == [2.0, 2.0]
     cell("%monarch restart")
     assert "restarted ranks 0-1" in cell.out
     assert cell(f"%%monarch\n{ALL_REDUCE}").values() == [2.0, 2.0]
+
+
+def test_a_rank_held_in_a_collective_gets_the_group_formed_before_the_next_cell(
+    cell, clean, monkeypatch
+):
+    monkeypatch.setattr(dist, "DEFAULT_TIMEOUT", 12.0)  # how long a collective waits for peers
+    clean._form_group()
+    try:
+        interrupt_after(1.0)
+        cell(
+            "%%monarch\nimport torch, torch.distributed as dist\n"
+            "from torch.distributed import distributed_c10d\n"
+            "held = distributed_c10d._get_default_group()  # as a DDP model holds it\n"
+            "t = torch.ones(1)\nif rank == 0:\n    dist.all_reduce(t)  # rank 1 never joins\nrank",
+            expect_error=True,
+        )
+        assert cell.error.errors[0].ename == "StillRunning"
+        assert "forms again before the next cell, once the group's 12 s timeout" in cell.err
+        assert cell(f"%%monarch\n{ALL_REDUCE}").values() == [2.0, 2.0]
+        assert "waiting for rank 0" in cell.err and "was formed again" in cell.err
+    finally:
+        monkeypatch.undo()
+        clean._form_group()
+
+
+def test_ranks_interrupted_at_different_collectives_get_the_group_formed_again(cell, clean):
+    interrupt_after(1.0)
+    cell(
+        "%%monarch\nimport torch, torch.distributed as dist\nt = torch.ones(1)\n"
+        "if rank == 0:\n    dist.all_reduce(t, async_op=True)  # queued; rank 1 never joins\n"
+        "while True:\n    pass",
+        expect_error=True,
+    )
+    assert {e.ename for e in cell.error.errors.values()} == {"KeyboardInterrupt"}
+    done = re.search(r"collectives done: rank 0: (\d+), rank 1: (\d+)", cell.err)
+    assert done and int(done[1]) == int(done[2]) + 1, cell.err
+    assert cell(f"%%monarch\n{ALL_REDUCE}").values() == [2.0, 2.0]  # they would pair wrongly
+    interrupt_after(1.0)
+    cell("%%monarch\nwhile True:\n    pass", expect_error=True)
+    assert "formed again" not in cell.err  # in step: left as it was
 
 
 # The flood ends by itself after 6 s, so a lost interrupt shows as a failure, not a hang.
