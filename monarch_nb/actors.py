@@ -64,6 +64,7 @@ from .actors_wire import (
     sources,
 )
 from .actors_worker import PLUGIN_NAME, ActorPlugin, current_host
+from .results import Interrupted
 
 __all__ = [
     "Actor",
@@ -327,9 +328,7 @@ class ProcMesh(_Mesh):
             fut.get()
         except KeyboardInterrupt:  # no actor outlives its handle
             mesh.stop()
-            raise KeyboardInterrupt(
-                f"spawn of {name!r} interrupted; its actors were stopped"
-            ) from None
+            raise Interrupted(f"spawn of {name!r} interrupted; its actors were stopped") from None
         except BaseException:  # a failed __init__: the others stop too
             mesh.stop()
             raise

@@ -27,7 +27,7 @@ import cloudpickle
 from distributed.comm import CommClosedError, connect
 
 from .actors_context import EndpointProperty
-from .results import RemoteError
+from .results import Interrupted, RemoteError
 from .wire import Writer
 
 ATTACH = "monarch_actors_attach"
@@ -140,7 +140,7 @@ class Future:
         try:
             answered = self._event.wait(timeout)
         except KeyboardInterrupt:
-            raise KeyboardInterrupt(
+            raise Interrupted(
                 f"stopped waiting for {self._describe}; the endpoint goes on running (a later "
                 "get() still has its answer)"
             ) from None

@@ -32,7 +32,7 @@ from .engine import PLUGIN_NAME, EnginePlugin
 from .handles import CellHandle
 from .links import Link, RankInfo, Reader, Request, Router
 from .output import Renderer, live_sink
-from .results import CellError, ValueMesh
+from .results import CellError, Interrupted, ValueMesh
 from .targets import format_ranks, parse_targets
 
 # After an interrupt the ranks get INTERRUPT_GRACE seconds of silence to stop: a rank whose
@@ -596,8 +596,7 @@ class Controller:
         self._check_open()
         self.announce()
         alive = [i.rank for i in self.ranks if i.alive]
-        req = self._submit("info", alive, {"op": "info"})
-        outcomes = gathering.gather(req, Renderer(alive), deadline=time.monotonic() + 5)
+        outcomes = self.rank_info(alive)
         rows = []
         now = time.time()
         for info in self.ranks:
@@ -629,6 +628,15 @@ class Controller:
             )
         return rows
 
+    def rank_info(self, ranks: list[int], timeout: float = 5) -> dict[int, dict]:
+        """Each rank's engine state (``Engine.info``), answered on its event loop even while
+        a cell runs; a rank that does not answer within ``timeout`` is left out."""
+        req = self._submit("info", ranks, {"op": "info"})
+        outcomes: dict[int, dict] = {}
+        with contextlib.suppress(TimeoutError):
+            gathering.gather(req, Renderer(ranks), time.monotonic() + timeout, outcomes)
+        return outcomes
+
     def reset(self, targets=None) -> list[int]:
         """Clear the namespaces (the identity names are put back)."""
         ranks = self.targets(targets)
@@ -648,7 +656,7 @@ class Controller:
             self._reattach()
         except KeyboardInterrupt:
             # The scheduler goes on restarting the workers; the next use attaches to them.
-            raise KeyboardInterrupt(
+            raise Interrupted(
                 "interrupted while the workers restart; the next cell attaches to the new ones"
             ) from None
         finally:
@@ -675,18 +683,29 @@ class Controller:
         self.closed = True
         from . import actors  # actors build on the controller, so they are imported late
 
-        actors.close(self)
-        registry.unregister(self)
-        self.metrics.close()
-        self._close_links()
-        self._reader.stop()
-        try:
-            self.client.close()
-        finally:
-            if self.owns_cluster and self.cluster is not None:
-                self.cluster.close()
-            if _current is self:
-                _set_current(None)
+        interrupted, error = False, None
+        for step in (
+            lambda: actors.close(self),
+            lambda: registry.unregister(self),
+            self.metrics.close,
+            self._close_links,
+            self._reader.stop,
+            self.client.close,
+            lambda: self.owns_cluster and self.cluster is not None and self.cluster.close(),
+        ):
+            try:
+                step()
+            except KeyboardInterrupt:  # finish going down: a half-closed cluster helps no one
+                interrupted = True
+            except Exception as e:
+                error = error or e
+        if _current is self:
+            _set_current(None)
+        if error is not None:
+            raise error
+        if interrupted:
+            done = "the cluster was shut down" if self.owns_cluster else "disconnected"
+            raise Interrupted(f"%monarch down was interrupted; {done} all the same")
 
     def __repr__(self) -> str:
         state = "down" if self.closed else f"{self.world_size} ranks"

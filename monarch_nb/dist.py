@@ -79,6 +79,13 @@ def regroup_after_interrupt(ctl, req, outcomes: dict[int, dict]) -> None:
     if len(stuck) == len(req.ranks) or not (stuck or any(map(_interrupted, outcomes.values()))):
         return  # nothing was interrupted, or every rank is in a C call: no collective between
     try:
+        # Each rank's count of collectives, read on its event loop (also while its thread
+        # waits in one): equal counts mean in step, and a rank still running is in some other
+        # C call, which the group has nothing to do with.
+        info = ctl.rank_info(req.ranks)
+        counts = [info.get(r, {}).get("info", {}).get("collectives") for r in req.ranks]
+        if None in counts or len(set(counts)) == 1:
+            return
         if stuck:
             ctl.call(_leave, targets=[r for r in req.ranks if r not in stuck])
             with contextlib.suppress(TimeoutError):
@@ -97,9 +104,6 @@ def regroup_after_interrupt(ctl, req, outcomes: dict[int, dict]) -> None:
                 return
             why = "a rank was left waiting in a collective"
         else:
-            counts = ctl.call(_collectives).values()
-            if len(set(counts)) == 1:
-                return  # in step: every rank stopped after the same collective
             why = "collectives done: " + ", ".join(f"rank {r}: {n}" for r, n in enumerate(counts))
         _form_again(ctl, f"the interrupt left the ranks out of step ({why})")
     except KeyboardInterrupt:
@@ -155,16 +159,6 @@ def _interrupted(ev: dict) -> bool:
 
 def _say(text: str) -> None:
     print(f"monarch-nb: {text}", file=sys.stderr, flush=True)
-
-
-def _collectives(engine) -> int:
-    """How many collectives this rank has called on the default group."""
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d
-
-    if not dist.is_initialized():
-        return -1
-    return distributed_c10d._get_default_group()._get_sequence_number_for_group()
 
 
 def _device_kind(engine) -> str:

@@ -149,6 +149,7 @@ class Engine:
             "current": self._current,
             "queued": len(self.wire.inbox),
             "names": len(names),
+            "collectives": _collectives(),
         }
 
     # -- the rank's thread ----------------------------------------------------------------
@@ -376,6 +377,17 @@ def _pack(value: Any) -> dict[str, Any]:
         return {"value": cloudpickle.dumps(value, protocol=5)}
     except Exception as e:
         return {"value_error": f"{type(value).__name__} cannot be pickled: {e}"}
+
+
+def _collectives() -> int:
+    """How many collectives this rank has called on its default process group (-1: none).
+    Read from any thread, also while the rank's own thread waits in one."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return -1
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_group()._get_sequence_number_for_group()
 
 
 def _device_info(local_rank: int) -> dict[str, Any]:

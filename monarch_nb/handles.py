@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from .links import Request
 from .output import ConsoleSink, Renderer
-from .results import ValueMesh
+from .results import Interrupted, ValueMesh
 from .targets import format_ranks
 
 if TYPE_CHECKING:
@@ -45,7 +45,14 @@ class CellHandle:
         return self._done.wait(timeout)
 
     def result(self, timeout: float | None = None) -> ValueMesh:
-        if not self._done.wait(timeout):
+        try:
+            done = self._done.wait(timeout)
+        except KeyboardInterrupt:
+            raise Interrupted(
+                f"stopped waiting for the cell; it goes on running on "
+                f"{format_ranks(self._req.ranks)} (handle.interrupt() stops it)"
+            ) from None
+        if not done:
             raise TimeoutError(f"the cell is still running on {format_ranks(self._req.ranks)}")
         if self._error is not None:
             raise self._error

@@ -29,7 +29,7 @@ from . import actors, metrics, plots, start, syntax
 from . import controller as ctl_module
 from .controller import CellHandle, ClusterError
 from .launch import run_script
-from .results import CellSyntaxError
+from .results import CellSyntaxError, Interrupted
 from .targets import TargetError, format_ranks
 from .widgets import CellWatch, LivePanel, widgets_available
 
@@ -279,7 +279,13 @@ class MonarchMagics(Magics):
         __tracebackhide__ = True  # only dispatches
         if cell is not None:
             return self._cell(line, cell)
-        return self._line(line)
+        try:
+            return self._line(line)
+        except Interrupted:
+            raise
+        except KeyboardInterrupt as e:  # one line: where it landed in our code is no help
+            command = line.strip().split(" ", 1)[0]
+            raise Interrupted(str(e) or f"%monarch {command} was interrupted") from None
 
     def _line(self, line: str):
         if not line.strip():

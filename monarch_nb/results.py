@@ -145,6 +145,17 @@ class UnserializableResult:
         return f"<rank {self.rank}: result could not be sent back: {self.reason}>"
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a monarch-nb command or wait; the message says what became of it.
+    IPython shows that one line: the frames where the interrupt landed are monarch-nb's."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"KeyboardInterrupt: {self}"]
+
+
+Interrupted.__name__ = Interrupted.__qualname__ = "KeyboardInterrupt"  # as kernels report it
+
+
 class RemoteError(Exception):
     """An exception raised by user code on one rank, with its traceback as the rank saw it."""
 

@@ -18,6 +18,7 @@ from typing import Any
 from . import cluster as clusters
 from .controller import ClusterError, Controller, _set_current
 from .controller import current as current_controller
+from .results import Interrupted
 
 
 def _check_not_up() -> None:
@@ -63,7 +64,7 @@ def up(
         )
     except KeyboardInterrupt:
         cluster.close()
-        raise KeyboardInterrupt(_UP_INTERRUPTED) from None
+        raise Interrupted(_UP_INTERRUPTED) from None
     except BaseException:
         cluster.close()
         raise
@@ -109,7 +110,7 @@ def _start_local(plans, threads: int, security):
             with contextlib.suppress(Exception):
                 cluster.close()
         thread.join()
-        raise KeyboardInterrupt(_UP_INTERRUPTED) from None
+        raise Interrupted(_UP_INTERRUPTED) from None
     if "error" in box:
         raise box["error"]
     return box["cluster"]

@@ -221,6 +221,34 @@ def test_an_interrupted_up_stops_the_workers_it_was_starting(no_current, after):
     assert wait_for(lambda: workers() <= before, timeout=10), workers() - before
 
 
+def test_an_interrupted_down_finishes_going_down_and_says_so(no_current):
+    ctl = monarch_nb.up(workers=1, cpu=True, dist=False)
+    close = ctl.client.close
+
+    def close_then_interrupted(*args, **kwargs):  # Ctrl-C landing while the client closes
+        close(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    ctl.client.close = close_then_interrupted
+    with pytest.raises(KeyboardInterrupt) as info:
+        ctl.down()
+    ctl.client.close = close  # Client.__del__ closes it again
+    assert str(info.value).endswith("down was interrupted; the cluster was shut down all the same")
+    assert info.value._render_traceback_() == [f"KeyboardInterrupt: {info.value}"]
+    assert ctl.cluster.status.name == "closed" and module.current() is None
+
+
+def test_interrupted_waits_and_commands_say_what_became_of_them_in_one_line(cell, clean):
+    handle = clean.run("import time\ntime.sleep(3)", block=False)
+    interrupt_after(0.5)
+    with pytest.raises(KeyboardInterrupt, match="stopped waiting for the cell; it goes on running"):
+        handle.result()
+    assert handle.result(timeout=10).values() == [None, None]  # it did go on
+    interrupt_after(0.5)
+    cell("%monarch push x=__import__('time').sleep(5)", expect_error=True)
+    assert cell.error._render_traceback_() == ["KeyboardInterrupt: %monarch push was interrupted"]
+
+
 # -- the controlling kernel killed or restarted -------------------------------------------------
 class Kernel:
     """A real ipykernel process driven through jupyter_client, as JupyterLab drives one."""
