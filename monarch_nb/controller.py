@@ -718,8 +718,10 @@ def _process_group() -> tuple[str, int, int]:
 
 
 def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
-    """``parts`` contiguous (start, stop) ranges over ``n`` items, sizes differing by at most 1."""
-    bounds = [n * i // parts for i in range(parts + 1)]
+    """``parts`` contiguous (start, stop) ranges over ``n`` items, sizes differing by at most 1,
+    the larger first (as ipyparallel's scatter and numpy's array_split)."""
+    size, extra = divmod(n, parts)
+    bounds = [i * size + min(i, extra) for i in range(parts + 1)]
     return list(itertools.pairwise(bounds))
 
 
