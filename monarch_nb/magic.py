@@ -126,11 +126,12 @@ def _line_parser() -> _Parser:
         ("status", "a table of the ranks"),
         ("down", "stop or leave the cluster"),
         ("restart", "fresh worker processes, same ranks, empty namespaces"),
-        ("auto", "toggle: run every following cell on the workers"),
         ("metrics", "the latest logged values and telemetry of every rank"),
         ("dashboard", "a live panel of every rank's GPU and loss, until the cluster goes down"),
     ]:
         sub.add_parser(name, help=text)
+    p = sub.add_parser("auto", help="toggle: run every following cell on the workers")
+    p.add_argument("state", nargs="?", choices=("on", "off"), help="set it instead of toggling")
     p = sub.add_parser("plot", help="the logged metrics as a static bokeh figure")
     p.add_argument("--save", metavar="FILE", help="write a standalone .html file")
     p = sub.add_parser("reset", help="clear the namespaces")
@@ -450,7 +451,7 @@ class MonarchMagics(Magics):
         return self._guard(lambda: self._ctl().gather(args.name, args.targets))
 
     def _cmd_auto(self, args):
-        self.auto = not self.auto
+        self.auto = not self.auto if args.state is None else args.state == "on"
         transforms = self.shell.input_transformers_cleanup
         if self.auto:
             if _auto_transform not in transforms:

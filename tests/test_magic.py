@@ -142,9 +142,13 @@ def test_auto_mode(cell, clean):
         assert "[rank 1] auto on 1" in cell.out
         cell("%monarch status")
         assert "idle" in cell.out
+        cell("%monarch auto on")  # set, not toggled
+        assert cell("rank").values() == [0, 1]
     finally:
-        cell("%monarch auto")
+        cell("%monarch auto off")
     assert cell("1 + 1") == 2
+    cell("%monarch auto off")
+    assert "auto off" in cell.out and cell("1 + 1") == 2
 
 
 def test_reset_interrupt_restart_messages(cell, clean):
