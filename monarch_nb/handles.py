@@ -37,6 +37,16 @@ class CellHandle:
             self._error = e
         finally:
             self._done.set()
+            finish = getattr(self._sink, "finish", None)
+            if finish is not None:  # the cell's display says how it ended
+                finish(self._ending())
+
+    def _ending(self) -> str:
+        ranks = format_ranks(self._req.ranks)
+        if self._error is None:
+            return f"[{ranks}] done"
+        headline = getattr(self._error, "headline", None) or type(self._error).__name__
+        return f"[{ranks}] {headline}: handle.result() raises it"
 
     def done(self) -> bool:
         return self._done.is_set()

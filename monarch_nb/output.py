@@ -118,6 +118,7 @@ class LiveSink:
         self._dirty = False
         self._last = 0.0
         self._shown_from = 0  # lines before it were cleared from the display (kept in lines_out)
+        self._ending: str | None = None
         self._handle = kernel_display({"text/plain": title}, raw=True, display_id=True)
 
     def lines(self, name: str, text: str) -> None:
@@ -144,6 +145,13 @@ class LiveSink:
             self._progress.pop((rank, name), None)
         self._dirty = True
 
+    def finish(self, ending: str) -> None:
+        """The cell ended: the display's last line says how (a failure would otherwise show
+        nowhere); not one of the lines the cell printed."""
+        self._ending = ending
+        self._dirty = True
+        self.refresh(final=True)
+
     def clear(self, wait: bool) -> None:
         """The display shows only what comes after; ``handle.output`` keeps every line."""
         self._shown_from = len(self.lines_out)
@@ -162,7 +170,8 @@ class LiveSink:
             hidden = len(self.lines_out) - self._shown_from - len(shown)
             head.append(f"... {_count(hidden, 'earlier line')} (handle.output has all)")
         live = [] if final else [f"[rank {r}] {t}" for (r, _), t in sorted(self._progress.items())]
-        self._handle.update({"text/plain": "\n".join(head + shown + live)}, raw=True)
+        end = [self._ending] if self._ending else []
+        self._handle.update({"text/plain": "\n".join(head + shown + live + end)}, raw=True)
 
 
 def _count(n: int, what: str = "line") -> str:

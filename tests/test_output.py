@@ -224,3 +224,16 @@ def test_a_noblock_cells_display_shows_what_came_after_clear_output_and_keeps_ev
         "[rank 0] epoch 2",
     ]
     assert sink.lines_out == ["[rank 0] epoch 1", "[rank 0] epoch 2"]
+
+
+def test_a_noblock_cells_display_ends_saying_how_it_ended():
+    shown = []
+
+    class Handle:
+        def update(self, bundle, raw):
+            shown.append(bundle["text/plain"])
+
+    sink = LiveSink(lambda bundle, raw, display_id: Handle(), "[ranks 0-1] running")
+    sink.finish("[ranks 0-1] 2 of 2 ranks failed: handle.result() raises it")
+    assert shown[-1] == "[ranks 0-1] 2 of 2 ranks failed: handle.result() raises it"
+    assert sink.lines_out == []  # not a line the cell printed
