@@ -191,6 +191,7 @@ def start_local(plans: list[WorkerPlan], threads: int = 1, security=None):
     """
     from distributed import Scheduler, SpecCluster
 
+    _quiet_dask_logs()
     protocol = "tls" if security is not None else "tcp"
     tls = {"security": security} if security is not None else {}
     scheduler = {
@@ -228,6 +229,17 @@ def start_local(plans: list[WorkerPlan], threads: int = 1, security=None):
     )
     _close_at_exit(cluster)
     return cluster
+
+
+def _quiet_dask_logs() -> None:
+    """Keep the in-process scheduler's and nannies' INFO lines out of the notebook.
+    ``silence_logs`` quiets the handler Dask puts on its "distributed" logger; where logging
+    was configured first (``logging.basicConfig`` in the notebook), Dask puts none there and
+    its INFO lines reach the root's handler, so the logger itself is set to WARNING."""
+    logger = logging.getLogger("distributed")
+    own = any(isinstance(h, logging.StreamHandler) for h in logger.handlers)
+    if not own and logger.getEffectiveLevel() < logging.WARNING:
+        logger.setLevel(logging.WARNING)
 
 
 def temporary_security():

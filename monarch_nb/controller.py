@@ -15,6 +15,7 @@ import ast
 import asyncio
 import contextlib
 import itertools
+import logging
 import os
 import socket
 import sys
@@ -652,7 +653,13 @@ class Controller:
             self._detached = True
             for hook in self.restart_hooks:
                 hook()
-            self.client.restart(wait_for_workers=True)
+            nanny = logging.getLogger("distributed.nanny")  # in-process for a local cluster
+            level = nanny.level
+            nanny.setLevel(logging.ERROR)  # "Restarting worker": what was asked for
+            try:
+                self.client.restart(wait_for_workers=True)
+            finally:
+                nanny.setLevel(level)
             self._reattach()
         except KeyboardInterrupt:
             # The scheduler goes on restarting the workers; the next use attaches to them.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import _thread
 import json
+import logging
 import os
 import re
 import signal
@@ -599,3 +600,26 @@ def test_interrupt_of_a_noblock_cell(cell, clean):
             handle.result(timeout=5)
         assert set(info.value.errors) == {0, 1}
         assert cell("%%monarch\nrank").values() == [0, 1]
+
+
+def test_dask_logs_of_a_local_cluster_stay_out_of_the_notebook(no_current, monkeypatch):
+    """Where the notebook configured logging first (no handler of Dask's own), the in-process
+    scheduler's and nannies' INFO lines, and the nanny's warning on a restart, are not shown."""
+    distributed_logger = logging.getLogger("distributed")
+    monkeypatch.setattr(distributed_logger, "handlers", [])
+    monkeypatch.setattr(distributed_logger, "level", logging.NOTSET)
+    monkeypatch.setattr(distributed_logger, "propagate", True)
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = seen.append
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "level", logging.INFO)
+    root.addHandler(handler)
+    try:
+        ctl = monarch_nb.up(workers=1, cpu=True, dist=False)
+        ctl.restart()
+        ctl.down()
+    finally:
+        root.removeHandler(handler)
+    dask_lines = [r.getMessage() for r in seen if r.name.startswith("distributed")]
+    assert dask_lines == []
