@@ -9,6 +9,7 @@ falls back to text.
 
 from __future__ import annotations
 
+import collections
 import html
 import threading
 import time
@@ -19,6 +20,7 @@ from .targets import format_ranks
 DEFAULT_HZ = 2.0
 SHOW_AFTER = 1.0  # seconds a blocking cell runs before its panel appears
 LOSS_POINTS = 400  # points per rank in the loss chart (evenly thinned, newest kept)
+KEEP_PANELS = 8  # cells' panels kept live; older ones become a snapshot, their widgets closed
 _STATE_COLORS = {
     "running": "#1f77b4",
     "done": "#2ca02c",
@@ -167,10 +169,42 @@ class LivePanel:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2)
 
+    def dispose(self) -> str:
+        """Stop, close the widgets (their comms and models in the kernel and the browser), and
+        return a static snapshot of the header and states to show in their place."""
+        self.close()
+        snapshot = (
+            f"<div>{self.header.value}{self.states.value}<i>live panel closed to free its "
+            "widgets; %monarch plot shows what the ranks logged</i></div>"
+        )
+        from ipywidgets import Widget
+
+        for widget in (self.widget, self.header, self.states):
+            widget.close()
+        # The comm only: jupyter_bokeh's own close() also unhooks the widget from its bokeh
+        # document, and raises KeyError when its __del__ calls it a second time.
+        Widget.close(self.figures)
+        return snapshot
+
     def _ipython_display_(self) -> None:
         from IPython.display import display
 
         display(self.widget)
+
+
+_kept: collections.deque = collections.deque()  # (panel, display handle), oldest first
+_kept_lock = threading.Lock()
+
+
+def keep(panel: LivePanel, handle) -> None:
+    """Keep ``panel`` live; past KEEP_PANELS, the oldest one shown becomes its snapshot (each
+    panel holds ten widgets, which would otherwise pile up for as long as the kernel runs)."""
+    with _kept_lock:
+        _kept.append((panel, handle))
+        old = [_kept.popleft() for _ in range(max(0, len(_kept) - KEEP_PANELS))]
+    for stale, stale_handle in old:
+        snapshot = stale.dispose()
+        stale_handle.update({"text/html": snapshot, "text/plain": "monarch-nb panel"}, raw=True)
 
 
 class CellWatch:
@@ -199,7 +233,7 @@ class CellWatch:
 
         self.panel = LivePanel(self.ctl, title=f"cell on {format_ranks(request.ranks)}")
         self.panel.track(request)
-        display(self.panel.widget)
+        keep(self.panel, display(self.panel.widget, display_id=True))
         self.panel.start()
 
     def finish(self) -> None:

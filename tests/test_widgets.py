@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import collections
 import time
 
 import pytest
 
+from monarch_nb import widgets
 from monarch_nb.widgets import CellWatch, LivePanel, widgets_available
 
 
@@ -54,6 +56,31 @@ def test_error_state_is_shown(clean):
         assert "rank 1: error" in panel.states.value
     finally:
         panel.close()
+
+
+def test_past_the_kept_panels_the_oldest_becomes_a_snapshot_with_its_widgets_closed(
+    clean, monkeypatch
+):
+    monkeypatch.setattr(widgets, "KEEP_PANELS", 2)
+    monkeypatch.setattr(widgets, "_kept", collections.deque())
+
+    class Handle:
+        shown = None
+
+        def update(self, bundle, raw):
+            self.shown = bundle
+
+    panels = [LivePanel(clean, title=f"cell {i}") for i in range(3)]
+    handles = [Handle() for _ in panels]
+    for panel, handle in zip(panels, handles, strict=True):
+        widgets.keep(panel, handle)
+    assert handles[0].shown is not None and handles[1].shown is None
+    assert "cell 0" in handles[0].shown["text/html"]
+    assert "%monarch plot shows what the ranks logged" in handles[0].shown["text/html"]
+    assert panels[0].widget.comm is None and panels[0].figures.comm is None  # closed
+    assert panels[1].widget.comm is not None
+    for panel in panels[1:]:
+        panel.dispose()
 
 
 def test_without_a_kernel_cells_get_no_panel(clean):
