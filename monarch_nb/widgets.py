@@ -102,6 +102,10 @@ class LivePanel:
             self._metrics_news = False
             snapshot = self.ctl.metrics.store.snapshot(points=LOSS_POINTS, samples=0)
             view = figures.rank_view({"workers": [], "metrics": snapshot})
+            states = self.cell_states()
+            for row in view["ranks"]:  # the hover's state: the cell's, not the scheduler's
+                state = states.get(row["rank"])
+                row["status"] = state[0] if state else "idle"
             self._bars.data = figures.bar_columns(view)
             self._loss.data = figures.loss_columns(view)
             self.updates += 1

@@ -40,6 +40,7 @@ def test_panel_state_changes_while_a_cell_runs(clean):
     bars = panel._bars.data
     assert bars["rank"] == ["0", "1"] and all(0 <= u <= 100 for u in bars["util"])
     assert "rank 0: done" in panel.states.value
+    assert panel._bars.data["status"] == ["done", "done"]  # the hover's state (not "gone")
     losses = dict(zip(panel._loss.data["rank"], panel._loss.data["ys"], strict=True))
     assert losses["1"][-1] == pytest.approx(1 + 1 / 12)
 
