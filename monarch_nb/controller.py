@@ -384,6 +384,13 @@ class Controller:
     def _settle(self, req: Request, outcomes: dict[int, dict], stopped=None, timeout=None):
         """The outcomes as a ValueMesh, or the error that carries what did arrive."""
         hosts = {rank: self.ranks[rank].host for rank in req.ranks}
+        ended = "shut down (%monarch down)" if self.closed else None
+        if self._detached:
+            ended = "restarted (%monarch restart)"
+        for ev in outcomes.values():
+            if ev.get("status") == "lost" and ended:
+                ev["why"] = f"the cluster was {ended} while the cell ran"
+                ev["ended_here"] = True
         regroup_after_interrupt(self, req, outcomes)
         return gathering.settle(req.ranks, hosts, outcomes, stopped, timeout)
 

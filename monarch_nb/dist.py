@@ -73,7 +73,9 @@ def regroup_after_interrupt(ctl, req, outcomes: dict[int, dict]) -> None:
     Ranks still waiting are set free by closing the group on the others (where nothing else
     holds it: a DistributedDataParallel model does); then it forms again, at once or, for a
     rank the group's timeout must free, before the next cell."""
-    if not ctl.dist_backend or req.kind != "execute" or len(req.ranks) != ctl.world_size:
+    if ctl.closed or not ctl.dist_backend or req.kind != "execute":
+        return
+    if len(req.ranks) != ctl.world_size:
         return
     stuck = [r for r in req.ranks if r not in outcomes]
     if len(stuck) == len(req.ranks) or not (stuck or any(map(_interrupted, outcomes.values()))):

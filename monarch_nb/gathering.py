@@ -147,6 +147,8 @@ def _unpack(rank: int, ev: dict[str, Any]) -> Any:
 def why(ev: dict[str, Any]) -> str:
     if ev["status"] == "lost":
         why = ev.get("why", "connection lost")
+        if ev.get("ended_here"):  # the notebook ended it: down or restart, no advice needed
+            return why
         return f"the worker is gone: {why} (if no replacement joins, %monarch restart)"
     if ev["status"] == "cancelled":
         return ev.get("why", "cancelled before it started")

@@ -623,3 +623,15 @@ def test_dask_logs_of_a_local_cluster_stay_out_of_the_notebook(no_current, monke
         root.removeHandler(handler)
     dask_lines = [r.getMessage() for r in seen if r.name.startswith("distributed")]
     assert dask_lines == []
+
+
+def test_a_background_cell_cut_short_by_down_says_so(no_current):
+    ctl = monarch_nb.up(workers=1, cpu=True, dist=False)
+    handle = ctl.run("import time\ntime.sleep(10)", block=False)
+    time.sleep(0.5)
+    ctl.down()
+    with pytest.raises(CellError) as info:
+        handle.result(timeout=20)
+    assert info.value.errors[0].evalue.endswith(
+        "the cluster was shut down (%monarch down) while the cell ran"
+    )  # not the advice to restart that a worker lost on its own gets
