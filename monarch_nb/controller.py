@@ -418,15 +418,8 @@ class Controller:
         python = syntax.to_python(code)
         ast.parse(python, "<cell>")
         form_if_pending(self)
-        busy = self._router.busy()
-        waiting = sorted(set(busy) & set(ranks))
-        if waiting and block and not quiet:
-            are, them = ("is", "it") if len(waiting) == 1 else ("are", "them")
-            print(
-                f"{format_ranks(waiting)} {are} busy with an earlier cell; this cell waits for "
-                f"{them} (interrupt to cancel it)",
-                file=sys.stderr,
-            )
+        if block and not quiet:
+            self._say_waiting(ranks, "this cell")
         msg = {"op": "execute", "code": python, "n": next(self._cells)}
         if python is not code:
             msg["source"] = code
@@ -440,10 +433,23 @@ class Controller:
         outcomes, stopped = self._collect(req, renderer, timeout)
         return self._settle(req, outcomes, stopped, timeout)
 
+    def _say_waiting(self, ranks: list[int], what: str) -> None:
+        """Say so when ``what`` queues behind a cell still running on some of ``ranks``."""
+        waiting = sorted(set(self._router.busy()) & set(ranks))
+        if waiting:
+            are, them = ("is", "it") if len(waiting) == 1 else ("are", "them")
+            print(
+                f"{format_ranks(waiting)} {are} busy with an earlier cell; {what} waits for "
+                f"{them} (interrupt to cancel it)",
+                file=sys.stderr,
+            )
+
     def call(self, fn, *args, targets=None, per_rank: Mapping[int, tuple] | None = None):
         """Run ``fn(engine, *args)`` in each targeted rank's thread; a ValueMesh of the returns."""
         self._check_open()
         ranks = self.targets(targets)
+        if fn in _SAY_WAITING:
+            self._say_waiting(ranks, _SAY_WAITING[fn])
         if per_rank is not None:
             blobs = {r: {"fn": cloudpickle.dumps((fn, per_rank[r]))} for r in ranks}
             req = self._submit("call", ranks, {"op": "call"}, blobs)
@@ -747,3 +753,13 @@ def _apply(engine, blob: bytes):
 def _map(engine, blob: bytes) -> list:
     fn, items = cloudpickle.loads(blob)
     return [fn(*item) for item in items]
+
+
+# What the user asked for, by the function that does it on the ranks: said to wait behind a
+# busy rank, as a cell is (calls of our own, the process group's say, stay quiet).
+_SAY_WAITING = {
+    remote.push: "this push",
+    remote.pull: "this pull",
+    _apply: "this apply",
+    _map: "this map",
+}

@@ -358,8 +358,9 @@ class History(Mapping):
 
     def __repr__(self) -> str:
         n = sum(len(rows) for rows in self._rows.values())
-        names = ", ".join(self.names()) or "-"
-        return f"<History: {len(self._rows)} ranks, {n} rows; {names}>"
+        if not n:
+            return "<History: nothing logged yet (log(step=..., loss=...) in a cell logs)>"
+        return f"<History: {len(self._rows)} ranks, {n} rows; {', '.join(self.names())}>"
 
 
 class MetricsHub:

@@ -337,9 +337,13 @@ def test_noblock_interrupt_and_a_blocking_cell_waits_for_busy_ranks(clean, capsy
     handle = clean.run("while True: pass", block=False)
     threading.Timer(1.0, handle.interrupt).start()
     assert clean.run("'after'").values() == ["after", "after"]
-    assert "ranks 0-1 are busy with an earlier cell" in capsys.readouterr().err
+    assert "ranks 0-1 are busy with an earlier cell; this cell waits" in capsys.readouterr().err
     with pytest.raises(CellError, match="KeyboardInterrupt"):
         handle.result(timeout=10)
+    handle = clean.run("import time\ntime.sleep(0.5)", block=False, targets=1)
+    clean.push({"late": 1})  # a push queues behind the cell as a cell would, and says so
+    assert "rank 1 is busy with an earlier cell; this push waits" in capsys.readouterr().err
+    handle.result(timeout=10)
 
 
 def test_a_request_queued_behind_a_noblock_cell_is_cancelled_not_stuck(clean):

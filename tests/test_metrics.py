@@ -415,3 +415,11 @@ def test_restart_keeps_telemetry_flowing(ctl, hub):
     name = unique("after_restart")
     ctl.run(f"from monarch_nb import metrics\nmetrics.log(step=1, {name}=rank)", quiet=True)
     wait_for(lambda: all(name in hub.latest()[r]["values"] for r in range(ctl.world_size)))
+
+
+def test_an_empty_history_says_how_to_fill_it():
+    assert repr(metrics.History({})) == (
+        "<History: nothing logged yet (log(step=..., loss=...) in a cell logs)>"
+    )
+    row = metrics.Row(1, 0.0, {"loss": 0.5})
+    assert repr(metrics.History({0: [row]})) == "<History: 1 ranks, 1 rows; loss>"
