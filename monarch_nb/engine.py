@@ -154,6 +154,7 @@ class Engine:
 
     # -- the rank's thread ----------------------------------------------------------------
     def _main(self) -> None:
+        session.unblock_interrupts()  # for the processes cells start (see session.py)
         while True:
             channel, msg = self.wire.next_request()
             try:

@@ -4,7 +4,12 @@ what the worker started once the worker is gone.
 JupyterLab's stop button sends SIGINT to the kernel's whole process group. A worker process
 the kernel started (``%monarch up``, a LocalCluster made in the notebook) is in that group, and
 a KeyboardInterrupt on a Dask worker's event loop ends it. So such a worker starts a session of
-its own (``leave_group``); the controller interrupts cells itself.
+its own (``leave_group``); the controller interrupts cells itself. Until it gets there (while
+Python starts and imports Dask) it is still in the group, so ``up`` starts its workers from a
+thread that blocks SIGINT (``block_interrupts``): a child process inherits the signal mask, the
+worker runs with SIGINT blocked, and only the engine's thread, which runs cells and starts
+their processes, unblocks it (``unblock_interrupts``), so that an interrupt still reaches what
+a cell waits on. Restarted workers come from the same thread, and are covered too.
 
 Leaving the group also takes the worker's descendants (a cell's ``subprocess.Popen``, a shell
 command it put in the background) out of reach of the kernel's own clean-up, which kills the
@@ -23,6 +28,24 @@ import socket
 import subprocess
 import sys
 import threading
+
+
+def block_interrupts() -> None:
+    """Block SIGINT in the calling thread (and the threads and processes it starts)."""
+    if hasattr(signal, "pthread_sigmask"):
+        # multiprocessing's resource tracker, started with the first child process, unblocks
+        # SIGINT in the thread that starts it once it is running: start it first.
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
+def unblock_interrupts() -> None:
+    """Unblock SIGINT in the calling thread (and the threads and processes it starts)."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
 
 # Run with ``python -S``: only the standard library's os, signal and time.
 _KEEPER = """

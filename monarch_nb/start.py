@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from . import cluster as clusters
+from . import session
 from .controller import ClusterError, Controller, _set_current
 from .controller import current as current_controller
 from .results import Interrupted
@@ -85,6 +86,7 @@ def _start_local(plans, threads: int, security):
     box: dict[str, Any] = {}
 
     def start() -> None:
+        session.block_interrupts()  # the workers start with it: see session.py
         try:
             cluster = clusters.start_local(plans, threads=threads, security=security)
         except BaseException as e:

@@ -366,6 +366,23 @@ def test_an_interrupted_restart_leaves_workers_the_next_cell_attaches_to(kernel)
     assert "[rank 1] alive 1" in kernel.run("%%monarch\nprint('alive', rank)")
 
 
+def test_workers_start_with_sigint_blocked_and_the_processes_cells_start_get_it(clean):
+    """The stop button's SIGINT cannot reach a worker still starting in the kernel's process
+    group (its traceback went into the cell): workers start with SIGINT blocked, and the
+    engine's thread unblocks it, so a process a cell starts can still be interrupted."""
+    pid, child = clean.run(
+        "import os, subprocess\n"
+        "(os.getpid(), subprocess.run(['grep', 'SigBlk', '/proc/self/status'],"
+        " capture_output=True, text=True).stdout)",
+        targets=0,
+    ).item()
+    with open(f"/proc/{pid}/status") as f:  # the worker's main thread
+        worker = next(line for line in f if line.startswith("SigBlk"))
+    sigint = 1 << (signal.SIGINT - 1)
+    assert int(worker.split()[1], 16) & sigint
+    assert not int(child.split()[1], 16) & sigint
+
+
 START_CHILDREN = (
     "%%monarch\nimport json, subprocess\n"
     "held = subprocess.Popen(['sleep', '300'])\n"
