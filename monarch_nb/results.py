@@ -179,6 +179,7 @@ class CellError(Exception):
     succeeded, so nothing they computed is lost."""
 
     max_shown = 5
+    max_messages = 8  # per traceback, the ranks' own messages where they differ
 
     def __init__(
         self,
@@ -196,10 +197,12 @@ class CellError(Exception):
         super().__init__(self.headline + detail)
 
     def groups(self) -> list[tuple[list[int], RemoteError]]:
-        """Distinct tracebacks, each with the ranks that share it, in rank order."""
+        """Distinct tracebacks, each with the ranks that share it, in rank order. Ranks that
+        failed at the same lines with the same exception share one, whatever their messages
+        (``ValueError(f"bad loss on rank {rank}")``)."""
         seen: dict[tuple, tuple[list[int], RemoteError]] = {}
         for rank, err in self.errors.items():
-            key = (err.ename, err.evalue, tuple(err.traceback))
+            key = (err.ename, _frames(err.traceback))
             seen.setdefault(key, ([], err))[0].append(rank)
         return list(seen.values())
 
@@ -208,13 +211,30 @@ class CellError(Exception):
         groups = self.groups()
         for ranks, err in groups[: self.max_shown]:
             lines.append("")
-            lines.append(f"[{format_ranks(ranks)}] {err.ename}: {err.evalue}")
-            lines.extend(err.render())
+            messages = {r: self.errors[r].evalue for r in ranks}
+            if len(set(messages.values())) == 1:
+                lines.append(f"[{format_ranks(ranks)}] {err.ename}: {err.evalue}")
+                lines.extend(err.render())
+                continue
+            lines.append(f"[{format_ranks(ranks)}] {err.ename}, each rank's message below")
+            lines.extend(_frames(err.traceback))
+            shown = list(messages.items())[: self.max_messages]
+            lines.extend(f"[rank {r}] {err.ename}: {m}" for r, m in shown)
+            if len(messages) > len(shown):
+                lines.append(f"... {len(messages) - len(shown)} more ranks; see .errors")
         if len(groups) > self.max_shown:
             lines.append(
                 f"... {len(groups) - self.max_shown} more distinct tracebacks; see .errors"
             )
         return lines
+
+
+def _frames(traceback: list[str]) -> tuple[str, ...]:
+    """A rendered traceback without its closing exception line(s): where it was raised."""
+    end = len(traceback)
+    while end and not traceback[end - 1].startswith(" "):
+        end -= 1
+    return tuple(traceback[:end])
 
 
 class CellSyntaxError(Exception):

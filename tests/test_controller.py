@@ -140,6 +140,16 @@ def test_distinct_tracebacks_are_shown_once_with_their_ranks(clean):
         "",
         "[ranks 0-1] ValueError: same",
     ]
+    with pytest.raises(CellError) as info:  # one traceback, each rank's own message
+        clean.run("raise ValueError(f'bad loss on rank {rank}')")
+    assert len(info.value.groups()) == 1
+    shown = info.value._render_traceback_()
+    assert shown[2] == "[ranks 0-1] ValueError, each rank's message below"
+    assert shown[-2:] == [
+        "[rank 0] ValueError: bad loss on rank 0",
+        "[rank 1] ValueError: bad loss on rank 1",
+    ]
+    assert sum("Traceback" in line for line in shown) <= 1
 
 
 def test_traceback_inside_a_function_defined_in_an_earlier_cell(clean):
