@@ -28,7 +28,7 @@ class ActorOutbox:
     def __init__(self, loop: asyncio.AbstractEventLoop, send: Callable[[list[dict]], None]):
         self._loop = loop
         self._send = send
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # RLock: a finaliser run while it is held may print
         self._events: list[dict[str, Any]] = []
         self._partial = {"stdout": "", "stderr": ""}
         self._scheduled = False
@@ -113,6 +113,8 @@ def _show(msg: dict[str, Any]) -> None:
             stream = sys.stderr if event["name"] == "stderr" else sys.stdout
             stream.write("".join(f"{tag} {line}\n" for line in event["lines"]))
             stream.flush()
+        elif event["ev"] == "clear":
+            ConsoleSink().clear(event["wait"])
         elif event["ev"] == "display":
             ConsoleSink().display(
                 [msg["r"]],

@@ -338,7 +338,7 @@ class Mailbox:
                 for address, incarnation in workers.items():
                     previous = self.workers.get(address)
                     self.workers[address] = incarnation
-                    if previous in (None, incarnation) or not incarnation:
+                    if previous in (None, "", incarnation) or not incarnation:
                         continue
                     if address not in self.dead:
                         self._on_dead(address, "its worker process was replaced")
@@ -393,10 +393,12 @@ class Mailbox:
             else:
                 cause = f"the worker process is gone (its connection closed: {type(e).__name__})"
         finally:
+            # Not when it was already taken away as dead (_on_dead, know_workers): the address
+            # may have a new worker process by now.
             if self._conns.get(conn.address) is conn:
                 del self._conns[conn.address]
-            if not self.closed:
-                self._on_dead(conn.address, cause)
+                if not self.closed:
+                    self._on_dead(conn.address, cause)
 
     def _on_message(self, msg: dict) -> None:
         if "id" not in msg:

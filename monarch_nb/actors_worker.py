@@ -91,7 +91,7 @@ class ActorHost:
         this worker's log."""
         for runner in list(self.actors.values()):
             if runner.instance is not None and msg.get("mid") in runner.instance._children:
-                runner.owner._send(msg)
+                runner.owner._send({**msg, "mid": runner._id})  # the next hop finds its own
                 return
         if "out" in msg:
             actors_output.show(msg)

@@ -33,7 +33,7 @@ from .engine import PLUGIN_NAME, EnginePlugin
 from .handles import CellHandle
 from .links import Link, RankInfo, Reader, Request, Router
 from .output import Renderer, live_sink
-from .results import CellError, Interrupted, ValueMesh
+from .results import CellError, Interrupted, UnserializableResult, ValueMesh
 from .targets import format_ranks, parse_targets
 
 # After an interrupt the ranks get INTERRUPT_GRACE seconds of silence to stop: a rank whose
@@ -98,6 +98,7 @@ class Controller:
         self.dist_backend: str | None = None  # the process group's backend, once formed
         self.dist_error: str | None = None
         self.regroup_pending = False  # an interrupt left the group out of step (dist.py)
+        self._group_lock = threading.Lock()
         self.client.register_plugin(EnginePlugin(_process_group()), name=PLUGIN_NAME)
         self.metrics = metrics.install(self.client)
         self._attach(self._wait_for_workers(expected or 1, timeout=60))
@@ -108,14 +109,15 @@ class Controller:
     def _form_group(self) -> None:
         from .dist import DistError, form_group
 
-        self.dist_backend = self.dist_error = None
-        self.regroup_pending = False
-        if not self.dist_wanted:
-            return
-        try:
-            self.dist_backend = form_group(self, self.dist_backend_choice)
-        except DistError as e:
-            self.dist_error = str(e)
+        with self._group_lock:  # the notebook's thread and a replacement's may both form it
+            self.dist_backend = self.dist_error = None
+            self.regroup_pending = False
+            if not self.dist_wanted:
+                return
+            try:
+                self.dist_backend = form_group(self, self.dist_backend_choice)
+            except DistError as e:
+                self.dist_error = str(e)
 
     # -- the rank table -----------------------------------------------------------------------
     def _wait_for_workers(self, n: int, timeout: float) -> dict[str, dict]:
@@ -417,7 +419,7 @@ class Controller:
         # the ranks lack is reported before anything is sent.
         python = syntax.to_python(code)
         ast.parse(python, "<cell>")
-        form_if_pending(self)
+        form_if_pending(self, ranks)
         if block and not quiet:
             self._say_waiting(ranks, "this cell")
         msg = {"op": "execute", "code": python, "n": next(self._cells)}
@@ -448,8 +450,9 @@ class Controller:
         """Run ``fn(engine, *args)`` in each targeted rank's thread; a ValueMesh of the returns."""
         self._check_open()
         ranks = self.targets(targets)
-        if fn in _SAY_WAITING:
-            self._say_waiting(ranks, _SAY_WAITING[fn])
+        asked = next((what for f, what in _SAY_WAITING.items() if f is fn), None)
+        if asked is not None:
+            self._say_waiting(ranks, asked)
         if per_rank is not None:
             blobs = {r: {"fn": cloudpickle.dumps((fn, per_rank[r]))} for r in ranks}
             req = self._submit("call", ranks, {"op": "call"}, blobs)
@@ -506,6 +509,9 @@ class Controller:
         if not chunks:
             return []
         mesh = self.call(_map, targets=list(chunks), per_rank=chunks)
+        for rank, part in mesh.items():
+            if isinstance(part, UnserializableResult):
+                raise ValueError(f"map: rank {rank}'s results cannot come back: {part.reason}")
         return [result for part in mesh.values() for result in part]
 
     def targets(self, spec=None) -> list[int]:

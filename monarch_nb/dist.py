@@ -11,13 +11,14 @@ from __future__ import annotations
 import contextlib
 import socket
 import sys
+import threading
 import time
 from datetime import timedelta
 from typing import Any
 
 from .gathering import gather
 from .output import Renderer
-from .results import CellError
+from .results import CellError, Interrupted
 from .targets import format_ranks
 
 DEFAULT_TIMEOUT = 30.0
@@ -72,7 +73,9 @@ def regroup_after_interrupt(ctl, req, outcomes: dict[int, dict]) -> None:
     good), or ranks stop one collective apart and the next cell's collectives pair up wrongly.
     Ranks still waiting are set free by closing the group on the others (where nothing else
     holds it: a DistributedDataParallel model does); then it forms again, at once or, for a
-    rank the group's timeout must free, before the next cell."""
+    rank the group's timeout must free, before the next cell. Only on the notebook's thread:
+    a ``--noblock`` cell's handle leaves the check to the next cell (``form_if_pending``).
+    Whatever goes wrong here, the cell's own outcome is what its caller gets."""
     if ctl.closed or not ctl.dist_backend or req.kind != "execute":
         return
     if len(req.ranks) != ctl.world_size:
@@ -80,15 +83,15 @@ def regroup_after_interrupt(ctl, req, outcomes: dict[int, dict]) -> None:
     stuck = [r for r in req.ranks if r not in outcomes]
     if len(stuck) == len(req.ranks) or not (stuck or any(map(_interrupted, outcomes.values()))):
         return  # nothing was interrupted, or every rank is in a C call: no collective between
+    if threading.current_thread() is not threading.main_thread():
+        ctl.regroup_pending = True  # checked, and formed if need be, before the next cell
+        return
     try:
-        # Each rank's count of collectives, read on its event loop (also while its thread
-        # waits in one): equal counts mean in step, and a rank still running is in some other
-        # C call, which the group has nothing to do with.
-        info = ctl.rank_info(req.ranks)
-        counts = [info.get(r, {}).get("info", {}).get("collectives") for r in req.ranks]
-        if None in counts or len(set(counts)) == 1:
-            return
+        counts = _counts(ctl, req.ranks)
+        if counts is None or len(set(counts)) == 1:
+            return  # unknown, or in step
         if stuck:
+            ctl.regroup_pending = True  # from here on the group is being taken down
             ctl.call(_leave, targets=[r for r in req.ranks if r not in stuck])
             with contextlib.suppress(TimeoutError):
                 gather(req, Renderer(stuck), time.monotonic() + UNSTICK_WAIT, outcomes)
@@ -97,11 +100,11 @@ def regroup_after_interrupt(ctl, req, outcomes: dict[int, dict]) -> None:
                     outcomes[rank] = _SET_FREE
             still = [r for r in stuck if r not in outcomes]
             if still:
-                ctl.regroup_pending = True
                 _say(
                     f"{format_ranks(still)} still waits in a C call (a collective the other "
                     f"ranks left, say): the {ctl.dist_backend} process group forms again before "
-                    f"the next cell, once the group's {DEFAULT_TIMEOUT:g} s timeout frees it"
+                    "the next cell, once that rank is free (a collective waits for its peers "
+                    f"until the group's timeout, {DEFAULT_TIMEOUT:g} s unless you chose another)"
                 )
                 return
             why = "a rank was left waiting in a collective"
@@ -109,15 +112,22 @@ def regroup_after_interrupt(ctl, req, outcomes: dict[int, dict]) -> None:
             why = "collectives done: " + ", ".join(f"rank {r}: {n}" for r, n in enumerate(counts))
         _form_again(ctl, f"the interrupt left the ranks out of step ({why})")
     except KeyboardInterrupt:
+        ctl.regroup_pending = True
         _say("interrupted while the process group formed again; it forms before the next cell")
-    except CellError as e:  # a rank lost meanwhile: its replacement forms the group again
-        _say(f"the process group was not formed again after the interrupt: {e.headline}")
+    except Exception as e:  # a rank lost meanwhile, the cluster going down...
+        ctl.regroup_pending = True
+        _say(
+            f"the process group was not formed again after the interrupt ({_short(e)}); "
+            "the next cell tries again"
+        )
 
 
-def form_if_pending(ctl) -> None:
-    """Before a cell: the group an interrupt left out of step forms again, once the rank that
-    still waited in a collective is free (the cell would wait behind it anyway)."""
-    if not ctl.regroup_pending:
+def form_if_pending(ctl, ranks: list[int]) -> None:
+    """Before a cell on every rank: the group an interrupt may have left out of step (a rank
+    still in a collective, a ``--noblock`` cell interrupted) is checked, and formed again
+    where the ranks' collective counts differ, once a rank still in its collective is free
+    (the cell would wait behind it anyway). Ctrl-C stops waiting; the cell is not sent."""
+    if not ctl.regroup_pending or len(ranks) != ctl.world_size:
         return
     busy = sorted(set(ctl._router.busy()))
     if busy:
@@ -125,7 +135,30 @@ def form_if_pending(ctl) -> None:
             f"forming the process group again first: waiting for {format_ranks(busy)} "
             "(interrupt to stop waiting)"
         )
-    _form_again(ctl, "after the interrupt a rank still waited in a collective")
+    try:
+        counts = _counts(ctl, list(range(ctl.world_size))) if not busy else None
+        if counts is not None and len(set(counts)) == 1 and -1 not in counts:
+            ctl.regroup_pending = False  # in step after all
+            return
+        _form_again(ctl, "after an interrupt the ranks were out of step")
+    except CellError as e:
+        if not e.headline.startswith("interrupted"):
+            raise _controller_error(
+                f"the process group could not form again ({e.headline}); the cell was not sent"
+            ) from None
+        raise Interrupted(
+            "stopped waiting to form the process group again; the cell was not sent (the next "
+            "one tries again)"
+        ) from None
+
+
+def _counts(ctl, ranks: list[int]) -> list[int] | None:
+    """Each rank's count of collectives on the default group, read on its event loop (also
+    while its thread waits in one); None where a rank did not say. Equal counts mean in step:
+    a rank still running then is in some other C call, which the group has nothing to do with."""
+    info = ctl.rank_info(ranks)
+    counts = [info.get(r, {}).get("info", {}).get("collectives") for r in ranks]
+    return None if None in counts else counts
 
 
 def _form_again(ctl, why: str) -> None:
@@ -142,6 +175,16 @@ def _form_again(ctl, why: str) -> None:
         )
     else:
         _say(f"the process group could not form again: {ctl.dist_error}")
+
+
+def _short(e: BaseException) -> str:
+    return (getattr(e, "headline", None) or str(e) or type(e).__name__).splitlines()[0]
+
+
+def _controller_error(text: str) -> Exception:
+    from .controller import ClusterError  # the controller imports this module
+
+    return ClusterError(text)
 
 
 _SET_FREE = {

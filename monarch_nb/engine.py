@@ -384,11 +384,14 @@ def _collectives() -> int:
     """How many collectives this rank has called on its default process group (-1: none).
     Read from any thread, also while the rank's own thread waits in one."""
     dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return -1
-    from torch.distributed import distributed_c10d
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return -1
+        from torch.distributed import distributed_c10d
 
-    return distributed_c10d._get_default_group()._get_sequence_number_for_group()
+        return distributed_c10d._get_default_group()._get_sequence_number_for_group()
+    except Exception:  # a backend without the count, a group going away meanwhile: unknown
+        return None
 
 
 def _device_info(local_rank: int) -> dict[str, Any]:

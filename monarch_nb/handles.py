@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -36,10 +37,11 @@ class CellHandle:
         except BaseException as e:
             self._error = e
         finally:
-            self._done.set()
             finish = getattr(self._sink, "finish", None)
             if finish is not None:  # the cell's display says how it ended
-                finish(self._ending())
+                with contextlib.suppress(Exception):
+                    finish(self._ending())
+            self._done.set()
 
     def _ending(self) -> str:
         ranks = format_ranks(self._req.ranks)

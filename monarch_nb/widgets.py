@@ -205,7 +205,14 @@ def keep(panel: LivePanel, handle) -> None:
     panel holds ten widgets, which would otherwise pile up for as long as the kernel runs)."""
     with _kept_lock:
         _kept.append((panel, handle))
-        old = [_kept.popleft() for _ in range(max(0, len(_kept) - KEEP_PANELS))]
+        old = []
+        for entry in list(_kept):  # oldest first; a cell still running keeps its panel
+            if len(_kept) - len(old) <= KEEP_PANELS:
+                break
+            if entry[0].request is None or not entry[0].request.remaining:
+                old.append(entry)
+        for entry in old:
+            _kept.remove(entry)
     for stale, stale_handle in old:
         snapshot = stale.dispose()
         stale_handle.update({"text/html": snapshot, "text/plain": "monarch-nb panel"}, raw=True)
