@@ -12,78 +12,45 @@ rank (``show``); an actor that spawned the mesh writes them to its worker's own 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import sys
-import threading
 from collections.abc import Callable
 from typing import Any
 
-from .capture import MAX_PARTIAL, _last_segment
+from .capture import PROGRESS_INTERVAL, Outbox
 
 
-class ActorOutbox:
-    """One actor's output. ``write`` and ``emit`` are called by the routers on the actor's
-    threads; ``send`` runs on the worker's event loop with a batch of events."""
+class ActorOutbox(Outbox):
+    """One actor's output: capture's ``Outbox`` (whole lines, in order, a long unfinished line
+    cut), drained on the worker's event loop into one message to the mesh's owner at a time.
+    Only what a call has printed in full is sent: carriage-return progress is not shown live."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, send: Callable[[list[dict]], None]):
+        super().__init__(self._wake_loop)
         self._loop = loop
         self._send = send
-        self._lock = threading.RLock()  # RLock: a finaliser run while it is held may print
-        self._events: list[dict[str, Any]] = []
-        self._partial = {"stdout": "", "stderr": ""}
-        self._scheduled = False
         self.current = (self, "")  # as a console: threads the actor starts print here too
 
-    def write(self, _cell_id: str, name: str, s: str) -> None:
-        with self._lock:
-            buf = self._partial.get(name, "") + s
-            if "\n" in buf:
-                *lines, buf = buf.split("\n")
-                self._add(name, [_last_segment(line) for line in lines])
-            if len(buf) > MAX_PARTIAL:
-                self._add(name, [_last_segment(buf)])
-                buf = ""
-            self._partial[name] = buf
-        self._schedule()
-
-    def emit(self, event: dict[str, Any], urgent: bool = False) -> None:
-        with self._lock:
-            self._events.append({k: v for k, v in event.items() if k != "id"})
-        self._schedule()
-
     def end_call(self) -> None:
-        """Send what a call printed without a final newline, ahead of its reply."""
-        with self._lock:
-            for name, rest in self._partial.items():
-                if rest:
-                    self._add(name, [_last_segment(rest)])
-                    self._partial[name] = ""
-        self._schedule()
+        """Send what a call printed, its unfinished line too, ahead of its reply: the drain is
+        queued on the worker's loop before the reply is (urgent, so even while a progress line
+        waits its turn)."""
+        self.end_cell("")
+        if self._events:  # a call that printed nothing costs no wake of the loop
+            self._schedule(True)
 
-    def _add(self, name: str, lines: list[str]) -> None:
-        last = self._events[-1] if self._events else None
-        if last and last["ev"] == "stream" and last["name"] == name:
-            last["lines"].extend(lines)
-        else:
-            self._events.append({"ev": "stream", "name": name, "lines": lines})
-
-    def _schedule(self) -> None:
-        with self._lock:
-            if self._scheduled or not self._events:
-                return
-            self._scheduled = True
-        try:
+    def _wake_loop(self, urgent: bool) -> None:
+        with contextlib.suppress(RuntimeError):  # the worker's loop is closing: nobody to send to
             self._loop.call_soon_threadsafe(self._drain)
-        except RuntimeError:  # the worker's loop is closing: nobody to send to
-            with self._lock:
-                self._scheduled = False
 
     def _drain(self) -> None:
-        with self._lock:
-            events, self._events = self._events, []
-            self._scheduled = False
+        events, again = self.drain()
+        events = [e for e in events if e["ev"] != "progress"]
         if events:
             self._send(events)
+        if again:
+            self._loop.call_later(PROGRESS_INTERVAL, self._drain)
 
 
 class ActorConsole:
