@@ -4,35 +4,13 @@ kernel. Screenshots land in tests/artifacts/."""
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
 import urllib.request
-import uuid
-from pathlib import Path
 
 import pytest
+from _lab import ARTIFACTS, Lab, chromium, requires_chromium
 
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).parent / "artifacts"
-LAUNCH_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-]
-
-pytestmark = pytest.mark.skipif(
-    not os.path.exists(CHROMIUM),
-    reason=f"no headless Chromium at {CHROMIUM} (apt-get install chromium; `make test` does)",
-)
+pytestmark = requires_chromium
 
 START_CLUSTER = """\
 import monarch_nb
@@ -47,105 +25,6 @@ import monarch_nb
 for step in range(40):
     monarch_nb.log(step=step, loss=2.0 * math.exp(-step / (8 + 8 * rank)))
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Lab:
-    """A `jupyter lab` process of our own on 127.0.0.1, with news and update checks off."""
-
-    def __init__(self, tmp: Path):
-        self.port, self.token = free_port(), uuid.uuid4().hex
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.root, self.runtime = tmp / "notebooks", tmp / "runtime"
-        settings = tmp / "settings"
-        for d in (self.root, self.runtime):
-            d.mkdir(parents=True)
-        user_settings = {
-            "@jupyterlab/apputils-extension/notification": {
-                "fetchNews": "false",
-                "checkForUpdates": False,
-            },
-            # quick polls, so that a scheduler's death shows within seconds
-            "monarch-nb/plugin": {"refreshInterval": 500, "maxInterval": 1500},
-        }
-        for plugin, values in user_settings.items():
-            path = settings / f"{plugin}.jupyterlab-settings"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(values))
-        config = tmp / "lab_config.json"
-        config.write_text(
-            json.dumps(
-                {
-                    "LabApp": {
-                        "news_url": None,
-                        "check_for_updates_class": "jupyterlab.NeverCheckForUpdate",
-                    }
-                }
-            )
-        )
-        self.log = open(tmp / "lab.log", "w")  # noqa: SIM115 (closed in stop)
-        env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(self.runtime)}
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "jupyterlab",
-                "--no-browser",
-                "--allow-root",
-                "--LabApp.extension_manager=readonly",
-                "--ServerApp.ip=127.0.0.1",
-                f"--ServerApp.port={self.port}",
-                "--ServerApp.port_retries=0",
-                f"--IdentityProvider.token={self.token}",
-                f"--ServerApp.root_dir={self.root}",
-                f"--LabApp.user_settings_dir={settings}",
-                f"--LabApp.workspaces_dir={tmp / 'workspaces'}",
-                f"--config={config}",
-            ],
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        self.log_path = tmp / "lab.log"
-
-    def api(self, path: str, method: str = "GET", body: dict | None = None):
-        request = urllib.request.Request(
-            f"{self.url}/{path}",
-            method=method,
-            data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=30) as response:
-            text = response.read()
-        return json.loads(text) if text else None
-
-    def wait_ready(self, timeout: float = 90) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"jupyter lab exited: {self.log_path.read_text()[-3000:]}")
-            try:
-                self.api("api/status")
-                return
-            except (urllib.error.URLError, ConnectionError):
-                time.sleep(0.5)
-        pytest.fail(
-            f"jupyter lab did not start in {timeout} s: {self.log_path.read_text()[-3000:]}"
-        )
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
 
 
 class Kernel:
@@ -210,7 +89,7 @@ def kernel(lab):
 
 
 def test_the_sidebar_lists_the_cluster_with_a_bar_per_rank_and_a_loss_line(lab, kernel):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     with urllib.request.urlopen(f"{lab.url}/lab?token={lab.token}", timeout=30) as r:
         assert b"monarch-nb" in r.read(), (
@@ -228,60 +107,56 @@ def test_the_sidebar_lists_the_cluster_with_a_bar_per_rank_and_a_loss_line(lab, 
     assert cluster["notebook"] == "monarch-demo.ipynb"
 
     ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(f"{lab.url}/lab?token={lab.token}")
-            tab = page.locator('.jp-SideBar [data-id="monarch-sidebar"]')
-            expect(tab).to_be_visible(timeout=60_000)
-            tab.click()
-            sidebar = page.locator("#monarch-sidebar")
-            item = sidebar.locator(f'.monarch-cluster[data-id="{cluster["id"]}"]')
-            expect(item).to_contain_text("monarch-demo.ipynb", timeout=30_000)
-            expect(item).to_contain_text(cluster["scheduler_address"])
-            expect(item).to_contain_text("2 ranks")
-            util = sidebar.locator(".monarch-BarChart-util .monarch-bar")
-            expect(util).to_have_count(2, timeout=30_000)
-            expect(sidebar.locator(".monarch-BarChart-mem .monarch-bar")).to_have_count(2)
-            expect(util.nth(0)).to_contain_text("rank 0")
-            expect(util.nth(1)).to_contain_text("rank 1")
-            lines = sidebar.locator(".monarch-loss-line")
-            expect(lines).to_have_count(2, timeout=30_000)
-            for i in range(2):
-                points = lines.nth(i).get_attribute("points") or ""
-                assert len(points.split()) == 40, points
-            expect(sidebar.locator(".monarch-RankTable tbody tr")).to_have_count(2)
-            expect(sidebar.locator(".monarch-RankTable")).to_contain_text("running")
-            page.screenshot(path=str(ARTIFACTS / "sidebar.png"))
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{lab.url}/lab?token={lab.token}")
+        tab = page.locator('.jp-SideBar [data-id="monarch-sidebar"]')
+        expect(tab).to_be_visible(timeout=60_000)
+        tab.click()
+        sidebar = page.locator("#monarch-sidebar")
+        item = sidebar.locator(f'.monarch-cluster[data-id="{cluster["id"]}"]')
+        expect(item).to_contain_text("monarch-demo.ipynb", timeout=30_000)
+        expect(item).to_contain_text(cluster["scheduler_address"])
+        expect(item).to_contain_text("2 ranks")
+        util = sidebar.locator(".monarch-BarChart-util .monarch-bar")
+        expect(util).to_have_count(2, timeout=30_000)
+        expect(sidebar.locator(".monarch-BarChart-mem .monarch-bar")).to_have_count(2)
+        expect(util.nth(0)).to_contain_text("rank 0")
+        expect(util.nth(1)).to_contain_text("rank 1")
+        lines = sidebar.locator(".monarch-loss-line")
+        expect(lines).to_have_count(2, timeout=30_000)
+        for i in range(2):
+            points = lines.nth(i).get_attribute("points") or ""
+            assert len(points.split()) == 40, points
+        expect(sidebar.locator(".monarch-RankTable tbody tr")).to_have_count(2)
+        expect(sidebar.locator(".monarch-RankTable")).to_contain_text("running")
+        page.screenshot(path=str(ARTIFACTS / "sidebar.png"))
 
-            # the dashboard page, through the server's proxy, in a main-area tab
-            sidebar.locator(".monarch-button-dashboard").click()
-            frame = page.frame_locator(f"#monarch-dashboard-{cluster['id']} iframe")
-            expect(frame.locator(".bk-Canvas, canvas").first).to_be_visible(timeout=60_000)
-            page.wait_for_timeout(2500)  # a poll of figures.json or two
-            page.screenshot(path=str(ARTIFACTS / "dashboard.png"))
+        # the dashboard page, through the server's proxy, in a main-area tab
+        sidebar.locator(".monarch-button-dashboard").click()
+        frame = page.frame_locator(f"#monarch-dashboard-{cluster['id']} iframe")
+        expect(frame.locator(".bk-Canvas, canvas").first).to_be_visible(timeout=60_000)
+        page.wait_for_timeout(2500)  # a poll of figures.json or two
+        page.screenshot(path=str(ARTIFACTS / "dashboard.png"))
 
-            # shutting it down asks first; cancelling leaves it up
-            shutdown = sidebar.locator(".monarch-button-shutdown")
-            shutdown.click()
-            dialog = page.locator(".jp-Dialog")
-            expect(dialog).to_contain_text("Shut the cluster down?")
-            dialog.locator(".jp-mod-reject").click()
-            expect(dialog).to_have_count(0)
+        # shutting it down asks first; cancelling leaves it up
+        shutdown = sidebar.locator(".monarch-button-shutdown")
+        shutdown.click()
+        dialog = page.locator(".jp-Dialog")
+        expect(dialog).to_contain_text("Shut the cluster down?")
+        dialog.locator(".jp-mod-reject").click()
+        expect(dialog).to_have_count(0)
 
-            # the scheduler dies while the kernel lives on: the sidebar says so, no spinner
-            kernel.run("monarch_nb.current().cluster.close()")
-            detail = sidebar.locator(".monarch-ClusterDetail")
-            expect(detail).to_have_attribute("data-state", "gone", timeout=20_000)
-            expect(detail.locator(".monarch-detail-status")).to_contain_text("does not answer")
-            page.screenshot(path=str(ARTIFACTS / "sidebar-gone.png"))
-            expect(shutdown).to_have_text("Forget")
-            shutdown.click()
-            expect(dialog).to_contain_text("Forget the cluster?")
-            dialog.locator(".jp-mod-warn").click()
-            expect(item).to_have_count(0, timeout=30_000)
-            expect(sidebar.locator(".monarch-ClusterList .monarch-empty")).to_be_visible()
-        finally:
-            browser.close()
+        # the scheduler dies while the kernel lives on: the sidebar says so, no spinner
+        kernel.run("monarch_nb.current().cluster.close()")
+        detail = sidebar.locator(".monarch-ClusterDetail")
+        expect(detail).to_have_attribute("data-state", "gone", timeout=20_000)
+        expect(detail.locator(".monarch-detail-status")).to_contain_text("does not answer")
+        page.screenshot(path=str(ARTIFACTS / "sidebar-gone.png"))
+        expect(shutdown).to_have_text("Forget")
+        shutdown.click()
+        expect(dialog).to_contain_text("Forget the cluster?")
+        dialog.locator(".jp-mod-warn").click()
+        expect(item).to_have_count(0, timeout=30_000)
+        expect(sidebar.locator(".monarch-ClusterList .monarch-empty")).to_be_visible()
     assert lab.api("monarch/api/clusters")["clusters"] == []
