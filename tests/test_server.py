@@ -5,19 +5,23 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
-import subprocess
-import sys
 import time
 import urllib.request
 import uuid
-from types import SimpleNamespace
 
 import pytest
 import tornado.web
+from _server_helpers import (
+    NO_TOKEN,
+    closed_port,
+    dead_pid,
+    fake_controller,
+    register,
+    serve,
+    status_of,
+)
 from tornado.httpclient import HTTPClientError
-from tornado.httpserver import HTTPServer
 
 from monarch_nb import dashboard, figures, metrics, metrics_store, registry
 
@@ -34,56 +38,6 @@ def runtime(tmp_path, monkeypatch):
     """A private runtime directory (jp_serverapp points JUPYTER_RUNTIME_DIR at its own)."""
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
     return tmp_path / "runtime"
-
-
-def fake_controller(
-    dashboard_link="http://127.0.0.1:1/status", address="tcp://127.0.0.1:1", owns_cluster=True
-):
-    client = SimpleNamespace(dashboard_link=dashboard_link)
-    return SimpleNamespace(
-        id=uuid.uuid4().hex,
-        client=client,
-        scheduler_address=address,
-        world_size=2,
-        owns_cluster=owns_cluster,
-    )
-
-
-def register(
-    dashboard_link="http://127.0.0.1:1/status", address="tcp://127.0.0.1:1", owns_cluster=True
-) -> str:
-    ctl = fake_controller(dashboard_link, address, owns_cluster)
-    assert registry.register(ctl) is not None
-    return ctl.id
-
-
-def dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def status_of(fetch, *parts, **kw) -> tuple[int, dict]:
-    """(status, JSON body) whether or not the status is an error."""
-    try:
-        response = await fetch(*parts, **kw)
-    except HTTPClientError as e:
-        response = e.response
-        assert response is not None, f"no response: {e}"
-    body = response.body.decode() if response.body else ""
-    try:
-        return response.code, json.loads(body) if body else {}
-    except ValueError:
-        return response.code, {"text": body}
-
-
-NO_TOKEN = {"Authorization": ""}
 
 
 # -- the registry -----------------------------------------------------------------------------
@@ -107,6 +61,25 @@ def test_register_writes_an_owner_only_entry_and_unregister_removes_it(runtime):
     assert registry.unregister(ctl.id) is False
 
 
+def test_register_refuses_a_registry_directory_that_is_a_symlink(runtime, tmp_path, caplog):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o755)
+    elsewhere.chmod(0o755)
+    runtime.mkdir(parents=True)
+    (runtime / "monarch-clusters").symlink_to(elsewhere)
+    assert registry.register(fake_controller()) is None
+    assert "cannot record the cluster" in caplog.text
+    assert list(elsewhere.iterdir()) == []
+    assert stat.S_IMODE(elsewhere.stat().st_mode) == 0o755
+
+
+def test_register_skips_a_cluster_the_server_could_not_reach(runtime, caplog):
+    ctl = fake_controller(None, "inproc://127.0.0.1/4242/1")
+    assert registry.register(ctl) is None
+    assert "the JupyterLab sidebar will not list this cluster: scheduler_address" in caplog.text
+    assert not (runtime / "monarch-clusters" / f"{ctl.id}.json").exists()
+
+
 def test_entries_of_dead_or_reused_pids_are_pruned(runtime):
     live = register()
     dead = register()
@@ -116,10 +89,14 @@ def test_entries_of_dead_or_reused_pids_are_pruned(runtime):
         entry = json.loads((folder / f"{cluster_id}.json").read_text())
         entry.update(change)
         registry.write_entry(entry)
-    (folder / f"{uuid.uuid4().hex}.json").write_text("{not json")
-    assert {e["id"] for e in registry.list_entries(prune=False)} == {live, dead, reused}
+    junk = folder / f"{uuid.uuid4().hex}.json"
+    junk.write_text("{not json")
+    junk.chmod(0o600)
+    assert [e["id"] for e in registry.list_entries(prune=False)] == [live]
+    assert len(list(folder.iterdir())) == 4  # without prune, nothing is deleted
     assert [e["id"] for e in registry.list_entries()] == [live]
-    assert sorted(p.name for p in folder.iterdir()) == [f"{live}.json"]
+    # the junk is not a stale entry but an untrusted one: left for its owner to look at
+    assert sorted(p.name for p in folder.iterdir()) == sorted([f"{live}.json", junk.name])
 
 
 def test_a_real_controller_registers_its_cluster_until_down(runtime):
@@ -160,6 +137,15 @@ def test_ids_and_dashboard_urls_are_checked():
     assert registry.dashboard_base("http://10.0.0.5:8787/status") == "http://10.0.0.5:8787/"
     assert registry.dashboard_base("file:///etc/passwd") is None
     assert registry.dashboard_base(None) is None
+    # recorded only where the scheduler's own host serves it (readers refuse any other)
+    scheduler = "tcp://10.0.0.5:8786"
+    assert registry.dashboard_for("http://10.0.0.5:8787/status", scheduler) == (
+        "http://10.0.0.5:8787/"
+    )
+    assert registry.dashboard_for("https://hub.example/user/a/proxy/8787/status", scheduler) is None
+    assert registry.dashboard_for("http://[::1]:8787/status", "tcp://[::1]:8786") == (
+        "http://[::1]:8787/"
+    )
 
 
 # -- authentication ---------------------------------------------------------------------------
@@ -263,14 +249,8 @@ def page_server(jp_asyncio_loop):
             self.set_header("Content-Type", "text/html")
             self.write(f"<p>dashboard {path} {self.get_argument('x', '')}</p>")
 
-    app = tornado.web.Application([(r"/(.*)", Page)])
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    sock.setblocking(False)
-    server = HTTPServer(app)
-    server.add_socket(sock)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}/", hits
+    url, server = serve(tornado.web.Application([(r"/(.*)", Page)]))
+    yield url, hits
     server.stop()
 
 
@@ -441,8 +421,8 @@ async def test_delete_leaves_a_joined_cluster_running(jp_fetch, runtime, schedul
     code, body = await status_of(
         jp_fetch, "monarch", "api", "clusters", cluster_id, method="DELETE"
     )
-    assert code == 409 and "%monarch connect" in body["message"], body
-    assert "shut it down where it was started" in body["message"]
+    assert code == 409 and "joined with %monarch connect" in body["message"], body
+    assert "shut it down where it was started (%monarch down in" in body["message"]
     assert scheduler.status.name == "running"
     assert registry.get_entry(cluster_id) is not None
     code, body = await status_of(
@@ -451,6 +431,32 @@ async def test_delete_leaves_a_joined_cluster_running(jp_fetch, runtime, schedul
     assert code == 200 and body["closed"] is False and "forgot" in body["message"]
     assert registry.get_entry(cluster_id) is None
     assert scheduler.status.name == "running"
+
+
+async def test_delete_leaves_a_scheduler_whose_entry_does_not_say_it_owns_it(
+    jp_fetch, runtime, scheduler
+):
+    """An entry without ``owns_cluster`` (or with a non-boolean one) never shuts its scheduler
+    down: the first is read as joined, the second is not trusted at all."""
+    cluster_id = scheduler_entry(scheduler)
+    path = runtime / "monarch-clusters" / f"{cluster_id}.json"
+    entry = json.loads(path.read_text())
+    del entry["owns_cluster"]
+    path.write_text(json.dumps(entry))
+    code, body = await status_of(
+        jp_fetch, "monarch", "api", "clusters", cluster_id, method="DELETE"
+    )
+    assert code == 409 and "%monarch connect" in body["message"], body
+    assert scheduler.status.name == "running"
+    code, body = await status_of(jp_fetch, "monarch", "api", "clusters")
+    assert body["clusters"][0]["owns_cluster"] is False  # the sidebar's button is disabled
+    path.write_text(json.dumps({**entry, "owns_cluster": 1}))
+    code, body = await status_of(
+        jp_fetch, "monarch", "api", "clusters", cluster_id, method="DELETE"
+    )
+    assert code == 404 and "owns_cluster is not true or false" in body["message"], body
+    assert scheduler.status.name == "running"
+    assert path.exists()
 
 
 # -- the scheduler's routes and the shared view -----------------------------------------------
