@@ -39,6 +39,8 @@ HELD_MAX = 1024 * 1024  # characters that cells' threads print between cells, ke
 
 _local = threading.local()
 _fds: FdCapture | None = None  # this process's descriptor capture, where it has one
+_routers: list[StreamRouter] = []  # the routers install_routers made, stdout's first
+_forked = False  # this process was forked from a worker (see _after_fork_in_child)
 
 
 def current_capture() -> tuple[Outbox, str] | None:
@@ -126,6 +128,18 @@ def route_thread(outbox, console) -> None:
     _local.capture, _local.console = (outbox, ""), console
 
 
+@contextmanager
+def redirect(target):
+    """What the calling thread writes and displays goes to ``target`` (an object with an
+    Outbox's ``write`` and ``emit``: an Output widget on a rank) until the block ends."""
+    previous = getattr(_local, "capture", None)
+    _local.capture = (target, "")
+    try:
+        yield
+    finally:
+        _local.capture = previous
+
+
 def _console_of_caller() -> Console | None:
     """The console a thread started now by the calling thread belongs to."""
     console = getattr(_local, "console", None)
@@ -154,6 +168,8 @@ class StreamRouter(io.TextIOBase):
         self.fd = 1 if name == "stdout" else 2
 
     def write(self, s: str) -> int:
+        if _forked:
+            return self.original.write(s)
         cap = getattr(_local, "capture", None)
         console = None
         if cap is None:
@@ -172,7 +188,7 @@ class StreamRouter(io.TextIOBase):
         return len(s)
 
     def flush(self) -> None:
-        if current_capture() is None:
+        if _forked or current_capture() is None:
             self.original.flush()
 
     def isatty(self) -> bool:
@@ -226,6 +242,9 @@ def install_routers(fds: bool = False) -> None:
         stream = getattr(sys, name)
         if not isinstance(stream, StreamRouter):
             setattr(sys, name, StreamRouter(stream, name))
+            _routers.append(getattr(sys, name))
+            if len(_routers) == 1 and hasattr(os, "register_at_fork"):
+                os.register_at_fork(after_in_child=_after_fork_in_child)
     if not fds or _fds is not None or os.name != "posix":
         return
     capture = FdCapture()
@@ -242,6 +261,29 @@ def install_routers(fds: bool = False) -> None:
     if faulthandler.is_enabled():  # a crash's traceback must not wait in a pipe that dies
         faulthandler.enable(file=sys.stderr.original, all_threads=True)
     _fds = capture
+
+
+def _after_fork_in_child() -> None:
+    """A process forked from a worker (multiprocessing's fork context, a fork Pool, os.fork)
+    has copies of the outboxes but not the threads that send them on, so what it printed was
+    lost. Its routers write where any child's output goes: with descriptor capture to fds 1
+    and 2, which while a cell runs are the pipes the worker reads, so it reaches the cell
+    (else the worker's own log); without, to the original streams (in a kernel, ipykernel's,
+    which sends a forked child's output on). Line-buffered, as on a terminal: a line printed
+    before ``os._exit`` is out, and multiprocessing flushes the streams as its children end."""
+    global _forked, _fds
+    _forked = True
+    if _fds is None:
+        return
+    _fds.forget()
+    _fds = None
+    for router in _routers:
+        router.original = io.TextIOWrapper(
+            io.BufferedWriter(io.FileIO(router.fd, "w", closefd=False)),
+            encoding=router.encoding,
+            errors="backslashreplace",
+            line_buffering=True,
+        )
 
 
 def _point_handlers_at(routers: dict) -> None:

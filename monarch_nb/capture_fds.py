@@ -15,10 +15,12 @@ import contextlib
 import ctypes
 import io
 import os
+import select
 import selectors
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -26,6 +28,14 @@ if TYPE_CHECKING:
 
 SETTLE_MAX = 0.05  # seconds a print waits for descriptor output written before it
 PIPE_SIZE = 1024 * 1024  # bytes a captured descriptor's pipe holds (Linux's default maximum)
+# An unfinished line this long (the outbox sends one past 64 KiB as a line of its own) waits
+# for its end: up to LINE_QUIET with nothing written, LINE_WAIT in all, LINE_MAX bytes (what
+# is read and not yet sent on holds up a print, which waits SETTLE_MAX at most: past it, the
+# print would come first).
+LONG_LINE = 64 * 1024
+LINE_QUIET = 0.5
+LINE_WAIT = 5.0
+LINE_MAX = 4 * 1024 * 1024
 
 
 class _Pipe:
@@ -84,6 +94,8 @@ class FdCapture:
         self.pipes = {name: _Pipe(fd, name) for fd, name in ((1, "stdout"), (2, "stderr"))}
         self._originals: dict[str, Any] = {}
         self._pumps = 0  # times the pipes were read and what came sent on
+        self._forgotten = False
+        self._hurry = False  # a print waits: a long line waits for its end no longer
         threading.Thread(target=self._reader, name="monarch-fds", daemon=True).start()
         atexit.register(self.close)
 
@@ -114,7 +126,7 @@ class FdCapture:
         with self._lock:
             try:
                 for pipe in self.pipes.values():
-                    self._pump_locked(pipe)
+                    self._pump_locked(pipe, hurry=True)  # the cell's end waits for no more
             finally:
                 if console in self._running:
                     self._running.remove(console)
@@ -133,6 +145,7 @@ class FdCapture:
         busy = self._lock.locked()  # a chunk may be read and not yet sent on
         deadline = None
         while (busy and self._pumps == pumps) or any(p.consumed < t for p, t in targets):
+            self._hurry = True
             now = time.monotonic()
             if deadline is None:
                 deadline = now + SETTLE_MAX
@@ -152,13 +165,10 @@ class FdCapture:
             except Exception:  # never stop reading: writers to a full pipe would hang
                 time.sleep(0.01)
 
-    def _pump_locked(self, pipe: _Pipe) -> None:
+    def _pump_locked(self, pipe: _Pipe, hurry: bool = False) -> None:
         try:
             while True:
-                try:
-                    data = os.read(pipe.read, 65536)
-                except (BlockingIOError, InterruptedError):
-                    return
+                data = _gather(pipe.read, lambda: hurry or self._hurry)
                 if not data:
                     return
                 console = self._running[-1] if self._running else None
@@ -169,18 +179,71 @@ class FdCapture:
                 pipe.consumed += len(data)
         finally:
             self._pumps += 1
+            self._hurry = False
+
+    def forget(self) -> None:
+        """In a process forked from the worker: the pipes are the worker's to read (a child
+        that exits normally would read them at exit, taking what others wrote)."""
+        self._forgotten = True
+        for pipe in self.pipes.values():
+            with contextlib.suppress(OSError):
+                os.close(pipe.read)
+            with contextlib.suppress(OSError):
+                os.close(pipe.write)
 
     def close(self) -> None:
         """At exit: what is still in the pipes goes to the original descriptors."""
+        if self._forgotten:
+            return
         if not self._lock.acquire(timeout=1):  # the reader stuck writing: exit all the same
             return
         try:
             self._running.clear()
             for pipe in self.pipes.values():
                 os.dup2(pipe.saved, pipe.fd)
-                self._pump_locked(pipe)
+                self._pump_locked(pipe, hurry=True)
         finally:
             self._lock.release()
+
+
+def _gather(fd: int, hurry: Callable[[], bool]) -> bytes:
+    """What the pipe holds now, read in one go, so that a line written at once arrives whole
+    (a read returns 64 KiB at most); a long unfinished line waits a little for its end, which
+    a writer may send in pieces (C's stdio) or that may not fit in the pipe, unless ``hurry()``
+    (a print waits for what is in the pipe)."""
+    chunks: list[bytes] = []
+    size = tail = 0  # bytes gathered; of them, after the last newline
+    deadline = None
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except (BlockingIOError, InterruptedError):
+            data = None
+        if data:
+            chunks.append(data)
+            size += len(data)
+            newline = data.rfind(b"\n")
+            tail = tail + len(data) if newline < 0 else len(data) - newline - 1
+            # a writer faster than the reader: send on what came, in whole lines where it can
+            if size >= LINE_MAX or (size >= PIPE_SIZE and (tail < LONG_LINE or hurry())):
+                break
+            continue
+        if data is not None or tail < LONG_LINE or not _more(fd, hurry):
+            break
+        deadline = deadline or time.monotonic() + LINE_WAIT
+        if time.monotonic() >= deadline:
+            break
+    return b"".join(chunks)
+
+
+def _more(fd: int, hurry: Callable[[], bool]) -> bool:
+    """Whether more is written to ``fd`` within LINE_QUIET, and no one hurries the reader
+    (looked at every 5 ms)."""
+    quiet = time.monotonic() + LINE_QUIET
+    while not hurry() and time.monotonic() < quiet:
+        if select.select([fd], [], [], 0.005)[0]:
+            return True
+    return False
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -15,10 +15,12 @@ before multiprocessing waits for its non-daemon children.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import importlib
 import logging
 import os
+import signal
 import threading
 import weakref
 from collections.abc import Mapping
@@ -157,7 +159,21 @@ def _nanny_class():
             with _workers_not_daemons():
                 return await super().instantiate()
 
+        async def _on_worker_exit(self, exitcode):
+            # Its "Restarting worker" warning would reach the cell that runs when a worker
+            # dies; the controller says so itself (WorkerLost, then the replacement's notice).
+            _replacing.set(True)
+            return await super()._on_worker_exit(exitcode)
+
     return LocalNanny
+
+
+_replacing: contextvars.ContextVar[bool] = contextvars.ContextVar("replacing", default=False)
+
+
+def _not_replacing(record: logging.LogRecord) -> bool:
+    """The nanny logging filter: drops its warning as it replaces a worker of ours."""
+    return not (_replacing.get() and str(record.msg).startswith("Restarting worker"))
 
 
 _local_clusters: weakref.WeakSet = weakref.WeakSet()
@@ -240,6 +256,65 @@ def _quiet_dask_logs() -> None:
     own = any(isinstance(h, logging.StreamHandler) for h in logger.handlers)
     if not own and logger.getEffectiveLevel() < logging.WARNING:
         logger.setLevel(logging.WARNING)
+    nanny = logging.getLogger("distributed.nanny")
+    if _not_replacing not in nanny.filters:
+        nanny.addFilter(_not_replacing)
+
+
+def scheduler_gone(client, cluster) -> bool:
+    """Whether the cluster's scheduler went before the notebook let go of it (the sidebar's
+    "Shut down", ``scheduler.close()``, a killed scheduler): the client is reconnecting or
+    an in-process scheduler has closed."""
+    if getattr(client, "status", "running") != "running":
+        return True
+    scheduler = getattr(cluster, "scheduler", None)
+    status = getattr(getattr(scheduler, "status", None), "name", "running")
+    return status in ("closing", "closed", "failed")
+
+
+@contextlib.contextmanager
+def _quiet(gone: bool, nanny: bool = False):
+    """Dask's lines that say what down asked for or what was said already: where the
+    scheduler is gone, each failure to reach it, with tracebacks; with ``nanny``, the nanny's
+    warning that it killed a worker still busy after 4 s (a running cell, a loaded machine)."""
+    if gone:
+        names = ["distributed"] + [
+            name for name in logging.Logger.manager.loggerDict if name.startswith("distributed.")
+        ]
+    else:
+        names = ["distributed.nanny"] if nanny else []
+    levels = {name: logging.getLogger(name).level for name in names}  # some have their own
+    for name in names:
+        logging.getLogger(name).setLevel(logging.CRITICAL if gone else logging.ERROR)
+    try:
+        yield
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def close_client(client, gone: bool) -> None:
+    with _quiet(gone):
+        client.close()
+
+
+def close_cluster(cluster, gone: bool) -> None:
+    """Close a cluster; quickly when its scheduler is ``gone``. Dask would try to reach the
+    scheduler for 30 s to shut it down, and each nanny waits 4 s for its worker, which tries
+    to reach it too, before killing it: the nannies' workers here are killed at once (they
+    can do nothing without a scheduler; each keeper then ends what they started)."""
+    with _quiet(gone, nanny=True):
+        if gone:
+            if hasattr(cluster, "shutdown_scheduler"):
+                cluster.shutdown_scheduler = False
+            for nanny in list(getattr(cluster, "workers", {}).values()):
+                pid = getattr(
+                    getattr(getattr(nanny, "process", None), "process", None), "pid", None
+                )
+                if pid:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+        cluster.close()
 
 
 def temporary_security():

@@ -1,7 +1,8 @@
 """Making a controller: ``up()`` starts a local cluster, ``connect()`` joins a running one.
 
 Either makes the new controller current (unless ``current=False``), so that the magics drive
-it. A second one while a cluster is up is refused; the user's mistakes (no scheduler there, a
+it. A second one while a cluster is up, or while another is being made (from another
+thread), is refused; the user's mistakes (no scheduler there, a
 TLS scheduler without certificates, two addresses at once) are one-line ``ClusterError``s and
 leave nothing behind. A cluster that ``up`` started or a ``--cluster module:factory`` made is
 owned: ``down`` closes it, and so does a failure before the controller is made.
@@ -20,6 +21,28 @@ from . import session
 from .controller import ClusterError, Controller, _set_current
 from .controller import current as current_controller
 from .results import Interrupted
+
+# Held while an up or connect that will be current runs: two at once (threads of the notebook)
+# would each find no cluster up and start one, and down would close only the later one.
+_making = threading.Lock()
+
+
+@contextlib.contextmanager
+def _only_one(current: bool):
+    """Refuse, in one line, to make a current cluster while another is being made."""
+    if not current:
+        yield
+        return
+    if not _making.acquire(blocking=False):
+        raise ClusterError(
+            "another %monarch up or connect is under way in this kernel; "
+            "wait for it to finish (then %monarch down first to start another)"
+        )
+    try:
+        _check_not_up()
+        yield
+    finally:
+        _making.release()
 
 
 def _check_not_up() -> None:
@@ -46,32 +69,33 @@ def up(
     nccl on GPUs, gloo on CPUs); ``current=False`` leaves the notebook's current cluster alone;
     ``tls`` makes every Dask comm TLS with a temporary certificate (``ctl.client.security``).
     """
-    if current:
-        _check_not_up()
-    plans = clusters.plan_workers(clusters.detect_gpus(), workers=workers, cpu=cpu, threads=threads)
-    from distributed import Client
-
-    security = clusters.temporary_security() if tls else None
-    cluster = _start_local(plans, threads, security)
-    try:
-        client = Client(cluster, set_as_default=False, security=security)
-        ctl = Controller(
-            client,
-            cluster=cluster,
-            owns_cluster=True,
-            expected=len(plans),
-            dist=dist,
-            backend=backend,
+    with _only_one(current):
+        plans = clusters.plan_workers(
+            clusters.detect_gpus(), workers=workers, cpu=cpu, threads=threads
         )
-    except KeyboardInterrupt:
-        cluster.close()
-        raise Interrupted(_UP_INTERRUPTED) from None
-    except BaseException:
-        cluster.close()
-        raise
-    if current:
-        _set_current(ctl)
-    return ctl
+        from distributed import Client
+
+        security = clusters.temporary_security() if tls else None
+        cluster = _start_local(plans, threads, security)
+        try:
+            client = Client(cluster, set_as_default=False, security=security)
+            ctl = Controller(
+                client,
+                cluster=cluster,
+                owns_cluster=True,
+                expected=len(plans),
+                dist=dist,
+                backend=backend,
+            )
+        except KeyboardInterrupt:
+            cluster.close()
+            raise Interrupted(_UP_INTERRUPTED) from None
+        except BaseException:
+            cluster.close()
+            raise
+        if current:
+            _set_current(ctl)
+        return ctl
 
 
 _UP_INTERRUPTED = "%monarch up interrupted; its workers were stopped"
@@ -84,25 +108,31 @@ def _start_local(plans, threads: int, security):
     stops waiting; they are still stopped, in the background)."""
     lock = threading.Lock()
     box: dict[str, Any] = {}
+    # Not Thread.join: on Python < 3.13 a join that a signal interrupts marks the thread as
+    # ended, and the next join returns at once, while it goes on starting the cluster.
+    done = threading.Event()
 
     def start() -> None:
-        session.block_interrupts()  # the workers start with it: see session.py
         try:
-            cluster = clusters.start_local(plans, threads=threads, security=security)
-        except BaseException as e:
-            box["error"] = e
-            return
-        with lock:
-            box["cluster"] = cluster
-            abandoned = box.get("abandoned", False)
-        if abandoned:
-            with contextlib.suppress(Exception):
-                cluster.close()
+            session.block_interrupts()  # the workers start with it: see session.py
+            try:
+                cluster = clusters.start_local(plans, threads=threads, security=security)
+            except BaseException as e:
+                box["error"] = e
+                return
+            with lock:
+                box["cluster"] = cluster
+                abandoned = box.get("abandoned", False)
+            if abandoned:
+                with contextlib.suppress(Exception):
+                    cluster.close()
+        finally:
+            done.set()
 
     thread = threading.Thread(target=start, name="monarch-up", daemon=True)
     thread.start()
     try:
-        thread.join()
+        done.wait()
     except KeyboardInterrupt:
         with lock:
             box["abandoned"] = True
@@ -111,7 +141,7 @@ def _start_local(plans, threads: int, security):
         if cluster is not None:
             with contextlib.suppress(Exception):
                 cluster.close()
-        thread.join()
+        done.wait()
         raise Interrupted(_UP_INTERRUPTED) from None
     if "error" in box:
         raise box["error"]
@@ -152,45 +182,46 @@ def connect(
     (by default those of the cluster object, else one) to join, as jobs wait in a batch queue.
     A cluster made by ``"module:factory"`` belongs to the controller: ``down()`` closes it.
     """
-    if current:
-        _check_not_up()
-    from distributed import Security
+    with _only_one(current):
+        from distributed import Security
 
-    if sum(x is not None for x in (address, scheduler_file, cluster)) != 1:
-        raise ClusterError("connect needs exactly one of ADDRESS, --scheduler-file or --cluster")
-    if isinstance(tls, Security):
-        security = tls
-    else:
-        try:
-            security = clusters.client_security(bool(tls), tls_ca_file, tls_cert, tls_key)
-        except ValueError as e:
-            raise ClusterError(str(e)) from None
-    if security is None and str(address).startswith("tls://"):
-        raise ClusterError(f"{address} {_NEEDS_TLS}")
-    owns = isinstance(cluster, str)
-    if owns:
-        cluster = clusters.load_factory(cluster)
-    with _closed_on_error(cluster if owns else None):
-        client = _client(address, scheduler_file, cluster, timeout, security)
-        expected = workers
-        if expected is None and cluster is not None and getattr(cluster, "worker_spec", None):
-            expected = len(cluster.worker_spec)
-        try:
-            _wait_for_workers(client, expected or 1, wait)
-            ctl = Controller(
-                client,
-                cluster=cluster,
-                owns_cluster=owns,
-                expected=expected,
-                dist=dist,
-                backend=backend,
+        if sum(x is not None for x in (address, scheduler_file, cluster)) != 1:
+            raise ClusterError(
+                "connect needs exactly one of ADDRESS, --scheduler-file or --cluster"
             )
-        except BaseException:
-            client.close()
-            raise
-    if current:
-        _set_current(ctl)
-    return ctl
+        if isinstance(tls, Security):
+            security = tls
+        else:
+            try:
+                security = clusters.client_security(bool(tls), tls_ca_file, tls_cert, tls_key)
+            except ValueError as e:
+                raise ClusterError(str(e)) from None
+        if security is None and str(address).startswith("tls://"):
+            raise ClusterError(f"{address} {_NEEDS_TLS}")
+        owns = isinstance(cluster, str)
+        if owns:
+            cluster = clusters.load_factory(cluster)
+        with _closed_on_error(cluster if owns else None):
+            client = _client(address, scheduler_file, cluster, timeout, security)
+            expected = workers
+            if expected is None and cluster is not None and getattr(cluster, "worker_spec", None):
+                expected = len(cluster.worker_spec)
+            try:
+                _wait_for_workers(client, expected or 1, wait)
+                ctl = Controller(
+                    client,
+                    cluster=cluster,
+                    owns_cluster=owns,
+                    expected=expected,
+                    dist=dist,
+                    backend=backend,
+                )
+            except BaseException:
+                client.close()
+                raise
+        if current:
+            _set_current(ctl)
+        return ctl
 
 
 @contextlib.contextmanager
