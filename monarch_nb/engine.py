@@ -33,7 +33,7 @@ from distributed import WorkerPlugin
 from distributed.comm import CommClosedError
 from distributed.core import Status
 
-from . import rank_shell, session
+from . import rank_comms, rank_shell, session
 from .capture import Console, current_capture, install_routers
 from .engine_io import Channel, Wire
 
@@ -84,6 +84,7 @@ class Engine:
         self.console = Console()  # where its cells' output, and their threads', goes
         install_routers(fds=_captures_fds(worker))
         _install_display()
+        rank_comms.install(self)  # widgets made on this rank reach the notebook
         self._thread = threading.Thread(target=self._main, name="monarch-engine", daemon=True)
         self._thread.start()
 
@@ -109,6 +110,8 @@ class Engine:
         elif msg["op"] == "info":
             info = self.info(msg.get("about"))
             channel.reply({"ev": "done", "id": msg["id"], "status": "ok", "info": info})
+        elif msg["op"] == "comm":  # from the browser, to a widget: not queued behind a cell
+            rank_comms.receive(channel.outbox, msg)
 
     def interrupt(self, cell_id: str | None = None) -> None:
         """Raise KeyboardInterrupt in the running cell (or drop ``cell_id`` if still queued)."""
@@ -289,6 +292,7 @@ class Engine:
         identity = {k: msg[k] for k in ("rank", "world_size", "local_rank")}
         identity["host"] = self.host
         self.identity = identity
+        rank_comms.widgets_shown(msg.get("widgets", False))
         self.device_info = _device_info(identity["local_rank"])
         if not self.namespace:
             self.reset_namespace()

@@ -63,12 +63,19 @@ class Router:
     def __init__(self):
         self._lock = threading.Lock()
         self._requests: dict[str, Request] = {}
+        self.comms = None  # the CommRelay that widgets' comm events go to (comm_relay.py)
 
     def add(self, request: Request) -> None:
         with self._lock:
             self._requests[request.id] = request
 
     def deliver(self, rank: int, ev: dict[str, Any]) -> None:
+        if ev["ev"] == "comm":  # a widget's, whichever cell (if any) it came in
+            if self.comms is not None:
+                self.comms.deliver(rank, ev)
+            return
+        if ev["ev"] == "done" and self.comms is not None:
+            self.comms.flush()  # the rank's widgets show their last state before its end
         with self._lock:
             req = self._requests.get(ev["id"])
             if req is None:
@@ -86,6 +93,8 @@ class Router:
             waiting = [r for r in self._requests.values() if rank in r.remaining]
         for req in waiting:
             self.deliver(rank, {"ev": "done", "id": req.id, "status": "lost", "why": why})
+        if self.comms is not None:
+            self.comms.lost(rank)
 
     def busy(self, kind: str = "execute") -> dict[int, str]:
         """Ranks with an unfinished request of ``kind``, and that request's id."""
@@ -160,7 +169,7 @@ class Link:
         try:
             if self.conn is None or self._gone:
                 raise ConnectionError("not connected")
-            self.conn.send(msg)
+            self.conn.post(msg)  # never blocks: see FrameConn.post
         except OSError as e:
             self.router.deliver(
                 self.info.rank,

@@ -8,8 +8,10 @@ import contextlib
 import logging
 import pickle
 import socket
+import ssl
 import struct
 import threading
+from collections import deque
 from typing import Any
 
 from distributed.comm import CommClosedError
@@ -69,6 +71,7 @@ class FrameConn:
         self.lock = threading.Lock()
         self.backlog: list[Any] = []  # messages that arrived with the handshake
         self._buf = bytearray()
+        self._unsent: deque[memoryview] = deque()  # what post() left to its writing thread
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -85,6 +88,51 @@ class FrameConn:
         else:
             self.sock.sendall(HEADER.pack(len(data)))
             self.sock.sendall(data)
+
+    def post(self, msg: Any) -> None:
+        """``send`` that never blocks the caller. What the socket does not take at once (the
+        other side's thread is busy and its buffer full, or its process is stopped) is written
+        by a thread of its own, in order: a caller left blocked could only be stopped by
+        Ctrl-C, and a frame cut in the middle makes every later message unreadable."""
+        data = pickle.dumps(msg, protocol=5)
+        frame = [memoryview(HEADER.pack(len(data))), memoryview(data)]
+        with self.lock:
+            if not self._unsent:
+                # TLS takes no MSG_DONTWAIT: its frames always go through the thread.
+                while frame and not isinstance(self.sock, ssl.SSLSocket):
+                    try:
+                        n = self.sock.send(frame[0], socket.MSG_DONTWAIT)
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    frame[0] = frame[0][n:]
+                    if not len(frame[0]):
+                        frame.pop(0)
+                if not frame:
+                    return
+                threading.Thread(
+                    target=self._write_unsent, daemon=True, name="monarch-post"
+                ).start()
+            self._unsent.extend(frame)
+
+    def _write_unsent(self) -> None:
+        """The thread that writes what post() could not; it ends once everything is written
+        (while anything is left, post() only appends, so this is the one writer)."""
+        while True:
+            with self.lock:
+                if not self._unsent:
+                    return
+                chunk = self._unsent[0]
+            try:
+                n = self.sock.send(chunk)
+            except OSError:  # the connection is gone: the reading thread reports it
+                with self.lock:
+                    self._unsent.clear()
+                return
+            with self.lock:
+                if n < len(chunk):
+                    self._unsent[0] = chunk[n:]
+                else:
+                    self._unsent.popleft()
 
     def feed(self) -> list[Any] | None:
         """The complete messages now readable, or None once the other side has closed."""
