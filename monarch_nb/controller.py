@@ -27,11 +27,13 @@ from typing import Any
 
 import cloudpickle
 
-from . import dashboard, gathering, metrics, registry, remote, syntax
+from . import dashboard, gathering, metrics, registry, remote, syntax, unanswered
+from .comm_relay import CommRelay
 from .dist import form_if_pending, regroup_after_interrupt
 from .engine import PLUGIN_NAME, EnginePlugin
 from .handles import CellHandle
 from .links import Link, RankInfo, Reader, Request, Router
+from .names import python_name, rank_name
 from .output import Renderer, live_sink
 from .results import CellError, Interrupted, UnserializableResult, ValueMesh
 from .targets import format_ranks, parse_targets
@@ -41,6 +43,12 @@ from .targets import format_ranks, parse_targets
 # INTERRUPT_FLUSH seconds in all, before it is reported as still running.
 INTERRUPT_GRACE = 1.5
 INTERRUPT_FLUSH = 10.0
+# A rank asked at the interrupt (on its event loop, which answers while the cell runs) and
+# silent this long after is not answering: stopped, or a C call holds the GIL.
+ANSWER_WITHIN = INTERRUPT_GRACE + 0.25
+# A rank that did not answer before gets this long to answer again (a stopped process that was
+# let go on answers in milliseconds), so that status and the checks after an interrupt stay quick.
+SILENT_WAIT = 0.25
 SETUP_TIMEOUT = 300
 REPLACE_TIMEOUT = 60  # seconds to wait for a nanny to replace a worker that died
 
@@ -84,8 +92,14 @@ class Controller:
         self.closed = False
         self.ranks: list[RankInfo] = []
         self._router = Router()
+        self.comms = CommRelay(self._send_comm)  # twins of the ranks' widgets
+        self._router.comms = self.comms
         self._reader = Reader(self._router)
         self._links: dict[int, Link] = {}
+        # What each rank last said about itself (pid, host, device): kept for a rank that stops
+        # answering, and the ranks that did not answer when last asked.
+        self._known: dict[int, dict[str, Any]] = {}
+        self.unanswering: set[int] = set()
         self._cells = itertools.count(1)
         self._notices: list[str] = []
         self._said: set[str] = set()  # notices given once per controller
@@ -192,12 +206,17 @@ class Controller:
                     "rank": link.info.rank,
                     "world_size": len(self.ranks),
                     "local_rank": link.info.local_rank,
+                    "widgets": self.comms.shows_widgets(),
                 }
             )
         outcomes = gathering.gather(
             setup, Renderer(setup.ranks), deadline=time.monotonic() + SETUP_TIMEOUT
         )
         failed = {r: ev for r, ev in outcomes.items() if ev["status"] != "ok"}
+        for rank, ev in outcomes.items():
+            if rank not in failed and isinstance(ev.get("info"), dict):
+                self._known[rank] = ev["info"]
+                self.unanswering.discard(rank)
         if failed:
             rank, ev = next(iter(failed.items()))
             raise ClusterError(f"rank {rank} failed to start its engine: {gathering.why(ev)}")
@@ -255,6 +274,15 @@ class Controller:
                 f"rank {rank}: no replacement worker joined within "
                 f"{REPLACE_TIMEOUT:.0f} s; use %monarch restart"
             )
+
+    def _send_comm(self, rank: int, msg: dict[str, Any]) -> bool:
+        """A browser's message to a widget on ``rank``, on its control comm: not queued behind
+        the rank's running cell. False when the rank is gone."""
+        link = self._links.get(rank)
+        if self.closed or link is None or not link.info.alive:
+            return False
+        self._loop.call_soon_threadsafe(link.control, msg)
+        return True
 
     def _notice(self, text: str) -> None:
         with self._notices_lock:
@@ -321,11 +349,12 @@ class Controller:
                 self._links[rank].send(body)
         return req
 
-    def _collect(self, req: Request, renderer: Renderer, timeout: float | None = None):
-        """Gather a request; on Ctrl-C or timeout interrupt the ranks still running."""
+    def _collect(self, req: Request, renderer: Renderer, timeout: float | None = None, stop=None):
+        """Gather a request; on Ctrl-C or timeout (or ``stop`` set: a background cell's
+        ``handle.interrupt()``) interrupt the ranks still running."""
         outcomes: dict[int, dict] = {}
         deadline = None if timeout is None else time.monotonic() + timeout
-        with gathering.sigint_sets() as stop:
+        with gathering.sigint_sets(stop) as stop:
             try:
                 gathering.gather(req, renderer, deadline, outcomes, stop)
                 return outcomes, None
@@ -335,6 +364,10 @@ class Controller:
                 reason = "timeout"
             running = [r for r in req.ranks if r not in outcomes]
             self._send_interrupt(running, req.id)
+            # Asked behind the interrupt on the same comm, answered on the ranks' event loops:
+            # by the end of the grace below, every rank that can answer has.
+            probe = self._submit("info", running, {"op": "info", "about": req.id})
+            asked_at = time.monotonic()
             stop.clear()  # a second Ctrl-C stops waiting for them
             cut_short = False
             try:
@@ -344,26 +377,38 @@ class Controller:
                 cut_short = True
             except TimeoutError:
                 pass
-            self._cancelled_in_queue(req, outcomes, renderer, cut_short)
+            self._cancelled_in_queue(req, outcomes, renderer, cut_short, probe, asked_at)
         return outcomes, (reason, running)
 
     def _cancelled_in_queue(
-        self, req: Request, outcomes: dict[int, dict], renderer, cut_short: bool
+        self,
+        req: Request,
+        outcomes: dict[int, dict],
+        renderer,
+        cut_short: bool,
+        probe: Request,
+        asked_at: float,
     ) -> None:
         """A rank still silent after the interrupt may never have started ``req``: it waits
         behind an earlier cell (a ``--noblock`` one), and the interrupt told it to drop ``req``
-        when it comes to it. Ask the ranks what they run, so that those are not reported as
-        stuck in a C call."""
+        when it comes to it. ``probe`` asked the ranks what they run, so that those are not
+        reported as stuck in a C call; a rank that did not answer it either is not answering
+        at all (stopped, or the GIL held), and is reported so rather than waited for."""
         silent = [r for r in req.ranks if r not in outcomes]
         if not silent:
             return
-        asked = self._submit("info", silent, {"op": "info", "about": req.id})
         answers: dict[int, dict] = {}
         with contextlib.suppress(KeyboardInterrupt, TimeoutError):
-            gathering.gather(asked, Renderer(silent), time.monotonic() + 2, answers)
+            until = max(asked_at + ANSWER_WITHIN, time.monotonic())
+            gathering.gather(probe, Renderer(probe.ranks), until, answers)
         about = {r: ev["info"]["about"] for r, ev in answers.items() if ev["status"] == "ok"}
+        self._heard(answers)
+        for rank in silent:
+            if rank not in answers:
+                self.unanswering.add(rank)
+                outcomes[rank] = {"ev": "done", "status": "unanswered", "why": self._silence(rank)}
         for rank, state in about.items():
-            if state == "cancelled":
+            if state == "cancelled" and rank in silent:
                 outcomes[rank] = {
                     "ev": "done",
                     "status": "cancelled",
@@ -377,11 +422,27 @@ class Controller:
             with contextlib.suppress(KeyboardInterrupt, TimeoutError):
                 gathering.gather(req, renderer, time.monotonic() + 2, outcomes)
 
+    def _heard(self, answers: Mapping[int, dict]) -> None:
+        """Keep what the ranks that answered an info request said about themselves."""
+        for rank, ev in answers.items():
+            if ev.get("status") == "ok":
+                self._known[rank] = ev["info"]
+                self.unanswering.discard(rank)
+
+    def _silence(self, rank: int) -> str:
+        known = self._known.get(rank, {})
+        return unanswered.why(known.get("pid"), known.get("host"))
+
     def _send_interrupt(self, ranks: Iterable[int], target: str | None = None) -> None:
-        for rank in ranks:
-            self._loop.call_soon_threadsafe(
-                self._links[rank].control, {"op": "interrupt", "target": target}
-            )
+        if self.closed:
+            raise ClusterError("this cluster is down, and its cells ended with it")
+        try:
+            for rank in ranks:
+                self._loop.call_soon_threadsafe(
+                    self._links[rank].control, {"op": "interrupt", "target": target}
+                )
+        except RuntimeError:  # the client's event loop is closed: the client is gone
+            raise ClusterError(self._scheduler_gone()) from None
 
     def _settle(self, req: Request, outcomes: dict[int, dict], stopped=None, timeout=None):
         """The outcomes as a ValueMesh, or the error that carries what did arrive."""
@@ -394,7 +455,14 @@ class Controller:
                 ev["why"] = f"the cluster was {ended} while the cell ran"
                 ev["ended_here"] = True
         regroup_after_interrupt(self, req, outcomes)
-        return gathering.settle(req.ranks, hosts, outcomes, stopped, timeout)
+        try:
+            return gathering.settle(req.ranks, hosts, outcomes, stopped, timeout)
+        except KeyboardInterrupt:  # unpickling a large result, say: the frames are ours
+            raise Interrupted(
+                f"interrupted while the results of {format_ranks(req.ranks)} were unpickled "
+                "here; they are not kept (keep a value in a name on the ranks and "
+                "%monarch pull it)"
+            ) from None
 
     # -- the public API -----------------------------------------------------------------------
     def run(
@@ -440,8 +508,12 @@ class Controller:
         waiting = sorted(set(self._router.busy()) & set(ranks))
         if waiting:
             are, them = ("is", "it") if len(waiting) == 1 else ("are", "them")
+            silent = sorted(set(waiting) & self.unanswering)
+            why = "busy with an earlier cell"
+            if silent:  # said by the interrupt or status that found it so
+                why += f", and {format_ranks(silent)} did not answer when last asked"
             print(
-                f"{format_ranks(waiting)} {are} busy with an earlier cell; {what} waits for "
+                f"{format_ranks(waiting)} {are} {why}; {what} waits for "
                 f"{them} (interrupt to cancel it)",
                 file=sys.stderr,
             )
@@ -520,9 +592,8 @@ class Controller:
     def push(self, values: Mapping[str, Any], targets=None) -> None:
         """Copy ``values`` (name -> object) into every targeted rank's namespace."""
         payload = {}
-        for name, value in values.items():
-            if not name.isidentifier():
-                raise ValueError(f"cannot push to {name!r}: not a valid Python name")
+        for raw, value in values.items():
+            name = rank_name(raw, "cannot push to")
             try:
                 payload[name] = cloudpickle.dumps(value, protocol=5)
             except Exception as e:
@@ -539,7 +610,7 @@ class Controller:
         handed back stand-ins for some names would let ``a, b = pull(...)`` carry one into
         the notebook's code unnoticed. Pull the other names on their own."""
         many = not isinstance(names, str)
-        keys = list(names) if many else [names]
+        keys = [python_name(n, "cannot pull") for n in (names if many else [names])]
         try:
             mesh = self.call(remote.pull, keys, targets=targets)
         except CellError as e:
@@ -568,8 +639,7 @@ class Controller:
 
     def scatter(self, name: str, sequence, targets=None) -> None:
         """Split ``sequence`` into contiguous chunks, one per targeted rank, in rank order."""
-        if not name.isidentifier():
-            raise ValueError(f"cannot scatter to {name!r}: not a valid Python name")
+        name = rank_name(name, "cannot scatter to")
         ranks = self.targets(targets)
         try:
             n = len(sequence)
@@ -616,19 +686,21 @@ class Controller:
         self._check_open()
         self.announce()
         alive = [i.rank for i in self.ranks if i.alive]
-        outcomes = self.rank_info(alive)
+        outcomes = self.rank_info(alive, timeout=2)
         rows = []
         now = time.time()
         for info in self.ranks:
             ev = outcomes.get(info.rank)
             if ev is None or ev.get("status") != "ok":
+                known = self._known.get(info.rank, {})
+                silent = info.alive and info.rank in self.unanswering
                 rows.append(
                     {
                         "rank": info.rank,
-                        "host": info.host,
-                        "pid": None,
-                        "device": {},
-                        "state": "dead",
+                        "host": known.get("host", info.host),
+                        "pid": known.get("pid") if silent else None,
+                        "device": known.get("device", {}),
+                        "state": "not answering" if silent else "dead",
                         "names": None,
                     }
                 )
@@ -650,11 +722,18 @@ class Controller:
 
     def rank_info(self, ranks: list[int], timeout: float = 5) -> dict[int, dict]:
         """Each rank's engine state (``Engine.info``), answered on its event loop even while
-        a cell runs; a rank that does not answer within ``timeout`` is left out."""
+        a cell runs; a rank that does not answer within ``timeout`` (``SILENT_WAIT`` for one
+        that did not answer last time either) is left out."""
         req = self._submit("info", ranks, {"op": "info"})
         outcomes: dict[int, dict] = {}
-        with contextlib.suppress(TimeoutError):
-            gathering.gather(req, Renderer(ranks), time.monotonic() + timeout, outcomes)
+        start = time.monotonic()
+        for until in (start + min(timeout, SILENT_WAIT), start + timeout):
+            with contextlib.suppress(TimeoutError):
+                gathering.gather(req, Renderer(ranks), until, outcomes)
+            if set(ranks) - set(outcomes) <= self.unanswering:
+                break  # only ranks that did not answer before are silent: not worth the wait
+        self._heard(outcomes)
+        self.unanswering.update(r for r in ranks if r not in outcomes)
         return outcomes
 
     def reset(self, targets=None) -> list[int]:
@@ -708,16 +787,23 @@ class Controller:
             return
         self.closed = True
         from . import actors  # actors build on the controller, so they are imported late
+        from . import cluster as clusters
 
         interrupted, error = False, None
+        gone = clusters.scheduler_gone(self.client, self.cluster)  # closed quickly and quietly
         for step in (
             lambda: actors.close(self),
             lambda: registry.unregister(self),
+            self.comms.close,
             self.metrics.close,
             self._close_links,
             self._reader.stop,
-            self.client.close,
-            lambda: self.owns_cluster and self.cluster is not None and self.cluster.close(),
+            lambda: clusters.close_client(self.client, gone),
+            lambda: (
+                self.owns_cluster
+                and self.cluster is not None
+                and clusters.close_cluster(self.cluster, gone)
+            ),
         ):
             try:
                 step()

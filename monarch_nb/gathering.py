@@ -88,6 +88,8 @@ def settle(
             values[rank] = _unpack(rank, ev)
         elif ev["status"] == "error":
             errors[rank] = RemoteError(rank, host, **ev["error"])
+        elif ev["status"] == "unanswered":
+            errors[rank] = RemoteError(rank, host, "NotAnswering", ev["why"], [])
         else:
             lost = ev["status"] == "lost"
             errors[rank] = RemoteError(
@@ -115,11 +117,12 @@ def settle(
 
 
 @contextlib.contextmanager
-def sigint_sets():
+def sigint_sets(stop: threading.Event | None = None):
     """While gathering on the main thread, Ctrl-C (the kernel's interrupt, SIGINT) sets an
     Event instead of raising wherever the main thread happens to be: a KeyboardInterrupt inside
-    a library callback is swallowed, and one between taking an event and showing it loses it."""
-    stop = threading.Event()
+    a library callback is swallowed, and one between taking an event and showing it loses it.
+    ``stop``: an Event of the caller's to use (a background cell's handle sets it)."""
+    stop = threading.Event() if stop is None else stop
     if threading.current_thread() is not threading.main_thread():
         yield stop
         return
@@ -152,5 +155,7 @@ def why(ev: dict[str, Any]) -> str:
         return f"the worker is gone: {why} (if no replacement joins, %monarch restart)"
     if ev["status"] == "cancelled":
         return ev.get("why", "cancelled before it started")
+    if ev["status"] == "unanswered":
+        return ev["why"]
     err = ev.get("error") or {}
     return f"{err.get('ename')}: {err.get('evalue')}"

@@ -22,6 +22,9 @@ class CellHandle:
     def __init__(self, ctl: Controller, req: Request, renderer: Renderer, timeout: float | None):
         self._ctl, self._req = ctl, req
         self._done = threading.Event()
+        # interrupt() sets it: the follower stops waiting for ranks that cannot answer (a
+        # stopped process) after the grace an interrupt gives, as Ctrl-C does for a cell.
+        self._stop = threading.Event()
         self._value: Any = None
         self._error: BaseException | None = None
         self._sink = renderer.sink
@@ -32,7 +35,7 @@ class CellHandle:
 
     def _follow(self, renderer: Renderer, timeout: float | None) -> None:
         try:
-            outcomes, stopped = self._ctl._collect(self._req, renderer, timeout)
+            outcomes, stopped = self._ctl._collect(self._req, renderer, timeout, self._stop)
             self._value = self._ctl._settle(self._req, outcomes, stopped, timeout)
         except BaseException as e:
             self._error = e
@@ -72,6 +75,7 @@ class CellHandle:
 
     def interrupt(self) -> None:
         self._ctl._send_interrupt(self._req.ranks, self._req.id)
+        self._stop.set()
 
     @property
     def output(self) -> list[str]:

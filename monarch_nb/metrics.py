@@ -414,7 +414,8 @@ class MetricsHub:
         except RuntimeError:
             pass
         try:
-            sent = self.client.run(_flush_now, on_error="return")
+            # Bounded: a stopped worker (SIGSTOP) takes the message and never answers.
+            sent = self.client.run(_flush_now, on_error="return", callback_timeout=timeout)
         except Exception:
             return
         wanted = [v for v in sent.values() if isinstance(v, tuple)]
@@ -444,6 +445,11 @@ class MetricsHub:
                 rs.rank if rs.rank is not None else rs.worker: rs.latest()
                 for rs in self.store.sorted()
             }
+
+    def snapshot(self, points: int | None = None, samples: int | None = None) -> dict[str, Any]:
+        """``Store.snapshot`` of this store, read under the lock its batches are added with."""
+        with self._lock:
+            return self.store.snapshot(points=points, samples=samples)
 
     def samples(self, rank) -> list[telemetry.Sample]:
         with self._lock:
