@@ -29,9 +29,10 @@ from . import actors, metrics, plots, start, syntax
 from . import controller as ctl_module
 from .controller import CellHandle, ClusterError
 from .launch import run_script
+from .names import notebook_name
 from .results import CellSyntaxError, Interrupted
 from .targets import TargetError, format_ranks
-from .widgets import CellWatch, LivePanel, widgets_available
+from .widgets import NO_WIDGETS, CellWatch, LivePanel, static_bundle, widgets_available
 
 NO_CLUSTER = "no cluster is up; start one with %monarch up (or %monarch connect ADDRESS)"
 
@@ -373,15 +374,15 @@ class MonarchMagics(Magics):
     def _cmd_dashboard(self, args):
         ctl = self._ctl()
         if self.dashboard is not None:
-            self.dashboard.close()
+            self.dashboard.freeze()
             self.dashboard = None
-        if not widgets_available():
-            print(metrics.format_latest())
-            return
         from IPython.display import display
 
+        if not widgets_available():
+            display(static_bundle(ctl, "monarch-nb dashboard", NO_WIDGETS), raw=True)
+            return
         self.dashboard = LivePanel(ctl, title="monarch-nb dashboard")
-        display(self.dashboard.widget)
+        self.dashboard.show()
         self.dashboard.start()
 
     def _cmd_plot(self, args):
@@ -498,9 +499,18 @@ class MonarchMagics(Magics):
             return None
         if args.out is not None and (not args.out.isidentifier() or keyword.iskeyword(args.out)):
             raise UsageError(f"--out takes a Python name to store the result as, got {args.out!r}")
+        if args.out is not None:
+            args.out = self._guard(
+                lambda: notebook_name(args.out, self.shell.user_ns_hidden, "--out cannot store as")
+            )
         if args.local and args.block is False:
             raise UsageError(
                 "--local runs the cell here once the ranks have run it, so it cannot be --noblock"
+            )
+        if self.auto and (ctl_module.current() is None or ctl_module.current().closed):
+            raise UsageError(
+                f"{NO_CLUSTER}; auto mode is on, so this cell was sent to the "
+                "workers: %monarch auto off runs cells in the notebook again"
             )
         ctl = self._ctl()
         try:

@@ -1,41 +1,36 @@
-"""The live notebook panel: a bar per rank for utilization and memory (device names shown), the
-loss with one line per rank, and each rank's cell state.
+"""The live notebook panel: per rank its device, state, utilization and memory (bars, and lines
+for the last minute) and the loss against the step, as one SVG drawn by ``panel_svg``.
 
-Built from existing widgets (ipywidgets, and bokeh figures from ``figures`` rendered through
-``jupyter_bokeh``); values change in place on their data sources, never redrawn, at most
-``hz`` times a second however fast the metrics arrive. Where widgets are unavailable the panel
-falls back to text.
+The SVG is the value of one ``ipywidgets.HTML``, replaced in place at most ``hz`` times a
+second, at a size that depends only on the number of ranks (no layout jumps); the page needs no
+JavaScript library. The panel is displayed with a display id and a ``text/html`` copy of the
+picture beside the widget, for front ends without a widget manager. When its cell ends it
+freezes: the output becomes the static picture alone (what a saved notebook shows when
+reopened) and the widget is closed.
 """
 
 from __future__ import annotations
 
 import collections
-import html
 import threading
 import time
 
-from . import figures
+from . import metrics, panel_svg
 from .targets import format_ranks
 
 DEFAULT_HZ = 2.0
 SHOW_AFTER = 1.0  # seconds a blocking cell runs before its panel appears
-LOSS_POINTS = 400  # points per rank in the loss chart (evenly thinned, newest kept)
-KEEP_PANELS = 8  # cells' panels kept live; older ones become a snapshot, their widgets closed
-_STATE_COLORS = {
-    "running": "#1f77b4",
-    "done": "#2ca02c",
-    "error": "#d62728",
-    "lost": "#d62728",
-    "cancelled": "#7f7f7f",
-    "queued": "#7f7f7f",
-}
+LOSS_POINTS = panel_svg.MAX_POINTS  # points per rank in the loss chart (evenly thinned)
+HISTORY_SAMPLES = 600  # newest samples read per rank: a minute at up to 10 Hz
+KEEP_PANELS = 8  # panels kept live; past that, the oldest finished one is frozen
+NO_WIDGETS = "a static picture: widgets need a Jupyter kernel (pip install ipywidgets)"
+NO_WIDGET_MANAGER = "a static picture: the live panel needs a front end that shows ipywidgets"
 
 
 def widgets_available() -> bool:
-    """ipywidgets and jupyter_bokeh import, and a Jupyter kernel will render them."""
+    """ipywidgets imports, and a Jupyter kernel will send the widget to a front end."""
     try:
         import ipywidgets  # noqa: F401
-        import jupyter_bokeh  # noqa: F401
         from IPython import get_ipython
     except ImportError:
         return False
@@ -43,97 +38,102 @@ def widgets_available() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
+def _header(ctl) -> str:
+    state = "down" if ctl.closed else f"{ctl.world_size} ranks"
+    return f"{state} at {ctl.scheduler_address}"
+
+
+def static_bundle(ctl, title: str, why: str) -> dict[str, str]:
+    """The panel's picture now, as a display bundle, with ``why`` it is not live."""
+    snapshot = ctl.metrics.snapshot(points=LOSS_POINTS, samples=HISTORY_SAMPLES)
+    ranks = [i.rank for i in ctl.ranks]
+    view = panel_svg.panel_view(snapshot, ranks=ranks)
+    return {
+        "text/html": panel_svg.render(view, title, _header(ctl), note=why),
+        "text/plain": f"{metrics.format_latest()}\n{title}: {why}",
+    }
+
+
 class LivePanel:
     """A live view of one cluster; ``track(request)`` adds the state of a running cell."""
 
     def __init__(self, ctl, hz: float = DEFAULT_HZ, title: str = "monarch-nb"):
-        from bokeh.models import ColumnDataSource
-        from ipywidgets import HTML, VBox
-        from jupyter_bokeh import BokehModel
+        from ipywidgets import HTML
 
         self.ctl = ctl
         self.interval = 1.0 / hz
         self.title = title
         self.request = None
-        self.updates = 0  # how many times the values changed (tests read it)
-        self._bars = ColumnDataSource(figures.bar_columns({"ranks": []}))
-        self._loss = ColumnDataSource(figures.loss_columns({"loss": []}))
-        self.header = HTML()
-        self.states = HTML()
-        self.figures = BokehModel(figures.layout(self._bars, self._loss))
-        self.widget = VBox([self.header, self.states, self.figures])
-        self._dirty = threading.Event()
+        self.handle = None  # the display handle, once shown
+        self.updates = 0  # how many times fresh metrics were read (tests read it)
+        self.view: dict | None = None
+        self.widget = HTML()
+        self._snapshot: dict | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._metrics_news = False
         self._unsubscribe = ctl.metrics.subscribe(self._on_metrics)
         self._released = False
+        self._freeze_lock = threading.Lock()
+        self.frozen: str | None = None  # the final picture, once frozen
         self.refresh()
 
     def _on_metrics(self, _event) -> None:
         self._metrics_news = True
-        self._dirty.set()
 
     # -- what the panel shows --------------------------------------------------------------
     def track(self, request) -> None:
         """Show the state of ``request`` (a cell) on each of its ranks until it finishes."""
         self.request = request
-        self._dirty.set()
 
     def cell_states(self) -> dict[int, tuple[str, float | None]]:
-        """rank -> (state, seconds since the cell started)."""
+        """rank -> (state, seconds since the cell started); without a cell: up, lost or down."""
+        dead = {i.rank for i in self.ctl.ranks if not i.alive}
         req = self.request
         if req is None:
-            return {}
+            if self.ctl.closed:
+                return {i.rank: ("down", None) for i in self.ctl.ranks}
+            return {i.rank: ("lost" if i.rank in dead else "up", None) for i in self.ctl.ranks}
         now = time.time()
         states = {}
         for rank in req.ranks:
             status = req.status.get(rank)
             if status is None and rank in req.remaining:
-                states[rank] = ("running", now - req.t0)
+                states[rank] = ("lost", None) if rank in dead else ("running", now - req.t0)
             else:
                 states[rank] = ({"ok": "done"}.get(status, status or "done"), None)
         return states
 
     def refresh(self, force: bool = True) -> None:
-        """Read the hub (the updating thread: only when it has news) and change the figures'
-        data in place."""
-        if force or self._metrics_news:
+        """Re-read the metrics (the updating thread: only when there are new ones) and redraw
+        the picture; the widget's value is sent only when it changed."""
+        if force or self._metrics_news or self._snapshot is None:
             self._metrics_news = False
-            snapshot = self.ctl.metrics.store.snapshot(points=LOSS_POINTS, samples=0)
-            view = figures.rank_view({"workers": [], "metrics": snapshot})
-            states = self.cell_states()
-            for row in view["ranks"]:  # the hover's state: the cell's, not the scheduler's
-                state = states.get(row["rank"])
-                row["status"] = state[0] if state else "idle"
-            self._bars.data = figures.bar_columns(view)
-            self._loss.data = figures.loss_columns(view)
+            self._snapshot = self.ctl.metrics.snapshot(points=LOSS_POINTS, samples=HISTORY_SAMPLES)
             self.updates += 1
-        self.header.value = self._header_html()
-        self.states.value = self._states_html()
+        ranks = self.request.ranks if self.request is not None else [i.rank for i in self.ctl.ranks]
+        self.view = panel_svg.panel_view(self._snapshot, self.cell_states(), ranks=ranks)
+        value = self.html()
+        if value != self.widget.value:
+            self.widget.value = value
 
-    def _header_html(self) -> str:
-        state = "down" if self.ctl.closed else f"{self.ctl.world_size} ranks"
-        return (
-            f"<b>{html.escape(self.title)}</b> &middot; {html.escape(state)} at "
-            f"<code>{html.escape(str(self.ctl.scheduler_address))}</code>"
-        )
+    def html(self, note: str = "") -> str:
+        return panel_svg.render(self.view, self.title, _header(self.ctl), note=note)
 
-    def _states_html(self) -> str:
-        states = self.cell_states()
-        if not states:
-            return ""
-        cells = []
-        for rank, (state, elapsed) in sorted(states.items()):
-            color = _STATE_COLORS.get(state, "#333")
-            since = f" {elapsed:.1f} s" if elapsed is not None else ""
-            cells.append(
-                f'<span style="margin-right:1em;color:{color}">rank {rank}: '
-                f"{html.escape(state)}{since}</span>"
-            )
-        return "<div>" + "".join(cells) + "</div>"
+    def text(self) -> str:
+        return panel_svg.text(self.view, self.title)
 
     # -- running -----------------------------------------------------------------------------
+    def show(self):
+        """Display the panel: the widget, and the picture for front ends without widgets."""
+        from IPython.display import display
+
+        bundle = self.widget._repr_mimebundle_()
+        bundle["text/html"] = self.html(note=NO_WIDGET_MANAGER)
+        bundle["text/plain"] = self.text()
+        self.handle = display(bundle, raw=True, display_id=True)
+        return self.handle
+
     def start(self) -> LivePanel:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, daemon=True, name="monarch-panel")
@@ -147,53 +147,56 @@ class LivePanel:
 
     def _run(self) -> None:
         try:
-            self._loop()
+            ended = self._loop()
         finally:
             self._release()
+        if ended:  # the cell finished (a --noblock one) or the cluster went down
+            self.freeze()
 
-    def _loop(self) -> None:
+    def _loop(self) -> bool:
         while not self._stop.is_set():
-            self._dirty.wait(self.interval)
-            self._dirty.clear()
             try:
                 self.refresh(force=False)
-            except Exception:  # the cluster went down under us: show what we have
+            except Exception:  # the cluster went down under us: the freeze shows what we have
                 if self.ctl.closed:
-                    break
-            if self.request is not None and not self.request.remaining:
-                self.refresh()
-                break
+                    return True
+            if self.ctl.closed or (self.request is not None and not self.request.remaining):
+                return True
             self._stop.wait(self.interval)
+        return False
 
     def close(self) -> None:
         """Stop updating (the widget keeps its last values)."""
         self._stop.set()
-        self._dirty.set()
         self._release()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2)
 
-    def dispose(self) -> str:
-        """Stop, close the widgets (their comms and models in the kernel and the browser), and
-        return a static snapshot of the header and states to show in their place."""
-        self.close()
-        snapshot = (
-            f"<div>{self.header.value}{self.states.value}<i>live panel closed to free its "
-            "widgets; %monarch plot shows what the ranks logged</i></div>"
-        )
-        from ipywidgets import Widget
-
-        for widget in (self.widget, self.header, self.states):
-            widget.close()
-        # The comm only: jupyter_bokeh's own close() also unhooks the widget from its bokeh
-        # document, and raises KeyError when its __del__ calls it a second time.
-        Widget.close(self.figures)
-        return snapshot
+    def freeze(self) -> str:
+        """Stop, draw the final picture (with everything the ranks logged so far), replace the
+        displayed output with it, and close the widget; returns the picture's HTML. Once."""
+        self.close()  # outside the lock: the panel's thread may be freezing it already
+        with self._freeze_lock:
+            if self.frozen is not None:
+                return self.frozen
+            try:
+                if not self.ctl.closed:
+                    self.ctl.metrics.catch_up(timeout=2)
+                self.refresh()
+            except Exception:  # the cluster is gone: the last picture drawn stands
+                pass
+            self.frozen = self.html()
+            if self.handle is not None:
+                bundle = {"text/html": self.frozen, "text/plain": self.text()}
+                self.handle.update(bundle, raw=True)
+            self.widget.close()
+        with _kept_lock:
+            for entry in [e for e in _kept if e[0] is self]:
+                _kept.remove(entry)
+        return self.frozen
 
     def _ipython_display_(self) -> None:
-        from IPython.display import display
-
-        display(self.widget)
+        self.show()
 
 
 _kept: collections.deque = collections.deque()  # (panel, display handle), oldest first
@@ -201,8 +204,9 @@ _kept_lock = threading.Lock()
 
 
 def keep(panel: LivePanel, handle) -> None:
-    """Keep ``panel`` live; past KEEP_PANELS, the oldest one shown becomes its snapshot (each
-    panel holds ten widgets, which would otherwise pile up for as long as the kernel runs)."""
+    """Keep ``panel`` live; past KEEP_PANELS, the oldest finished one shown is frozen (a panel
+    whose cell ended freezes itself; this bounds the widgets of any that did not)."""
+    panel.handle = handle
     with _kept_lock:
         _kept.append((panel, handle))
         old = []
@@ -211,21 +215,21 @@ def keep(panel: LivePanel, handle) -> None:
                 break
             if entry[0].request is None or not entry[0].request.remaining:
                 old.append(entry)
-        for entry in old:
-            _kept.remove(entry)
-    for stale, stale_handle in old:
-        snapshot = stale.dispose()
-        stale_handle.update({"text/html": snapshot, "text/plain": "monarch-nb panel"}, raw=True)
+    for stale, _ in old:
+        stale.freeze()
 
 
 class CellWatch:
     """Puts a live panel under a ``%%monarch`` cell: at once for ``--noblock`` cells, after
-    SHOW_AFTER seconds for a blocking cell (short cells get no panel)."""
+    SHOW_AFTER seconds for a blocking cell (short cells get no panel). Without a kernel (a
+    terminal IPython) cells get none: the text output is the whole story there."""
 
     def __init__(self, ctl, block: bool):
         self.ctl, self.block = ctl, block
         self.panel: LivePanel | None = None
         self._timer: threading.Timer | None = None
+        self._lock = threading.Lock()
+        self._finished = False
 
     def __call__(self, request) -> None:
         if not widgets_available():
@@ -238,18 +242,18 @@ class CellWatch:
             self._show(request)
 
     def _show(self, request) -> None:
-        if self.block and not request.remaining:
-            return
-        from IPython.display import display
-
-        self.panel = LivePanel(self.ctl, title=f"cell on {format_ranks(request.ranks)}")
-        self.panel.track(request)
-        keep(self.panel, display(self.panel.widget, display_id=True))
-        self.panel.start()
+        with self._lock:  # finish() may race the timer: a cell that ended gets no panel
+            if self._finished or (self.block and not request.remaining):
+                return
+            self.panel = LivePanel(self.ctl, title=f"cell on {format_ranks(request.ranks)}")
+            self.panel.track(request)
+            keep(self.panel, self.panel.show())
+            self.panel.start()
 
     def finish(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        with self._lock:
+            self._finished = True
+            if self._timer is not None:
+                self._timer.cancel()
         if self.panel is not None and self.block:
-            self.panel.refresh()
-            self.panel.close()
+            self.panel.freeze()
