@@ -16,6 +16,7 @@ from .actors import (
     endpoint,
     proc_mesh,
 )
+from .bokeh_display import show
 from .controller import CellHandle, ClusterError, Controller, current
 from .metrics import history, log
 from .results import CellError, CellTimeout, RemoteError, UnserializableResult, ValueMesh
@@ -48,6 +49,7 @@ __all__ = [
     "log",
     "parse_targets",
     "proc_mesh",
+    "show",
     "unload_ipython_extension",
     "up",
 ]

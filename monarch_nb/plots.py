@@ -1,13 +1,15 @@
 """``%monarch plot``: what the ranks logged, as static bokeh figures for reports.
 
-One figure per logged name, one line per rank; shown in the notebook or written to a standalone
-HTML file with bokeh's JavaScript inlined (it opens offline).
+One figure per logged name, one line per rank; shown in the notebook as a live widget
+(bokeh_display.py: no CDN) or written to a standalone HTML file with bokeh's JavaScript inlined
+(it opens from disk with no network). Either way a run too long to draw is decimated, with a note.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from . import bokeh_display
 from .figures import color
 
 
@@ -46,20 +48,14 @@ def save(history, path: str) -> Path:
     target = Path(path)
     if target.suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"plot --save writes a standalone .html file; got {path!r}")
-    target.write_text(file_html(history_layout(history), INLINE, "monarch-nb metrics"))
+    layout = history_layout(history)
+    for note in bokeh_display.decimate(layout):
+        print(note)
+    target.write_text(file_html(layout, INLINE, "monarch-nb metrics"))
     return target.resolve()
 
 
 def show(history):
-    """A widget with the figures (jupyter_bokeh), or the HTML where widgets are missing."""
-    layout = history_layout(history)
-    try:
-        from jupyter_bokeh import BokehModel
-
-        return BokehModel(layout)
-    except ImportError:
-        from bokeh.embed import file_html
-        from bokeh.resources import INLINE
-        from IPython.display import HTML
-
-        return HTML(file_html(layout, INLINE, "monarch-nb metrics"))
+    """The figures as a widget (``bokeh_display.widget``); the magic returns it as the cell's
+    value, so the notebook draws it."""
+    return bokeh_display.widget(history_layout(history))

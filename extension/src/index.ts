@@ -7,6 +7,7 @@ import { ICommandPalette } from '@jupyterlab/apputils';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { LabIcon } from '@jupyterlab/ui-components';
 
+import { bokehLoaderPlugin } from './bokehLoader';
 import { openDashboard } from './dashboardTab';
 import { MonarchSidebar } from './sidebar';
 
@@ -75,4 +76,4 @@ const plugin: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default plugin;
+export default [plugin, bokehLoaderPlugin];
