@@ -439,11 +439,20 @@ def test_a_failed_broadcast_is_shown_under_the_cell_that_runs_when_it_fails(kern
 def test_two_quick_presses_report_the_interrupted_ranks_as_interrupted(clean, apart):
     """The second press stops the waiting; the ranks are neither 'cancelled before they
     started' nor 'stuck in a C call': they were interrupted."""
-    timers = [threading.Timer(t, _thread.interrupt_main) for t in (1.0, 1.0 + apart)]
+    ended = threading.Event()
+
+    def press():  # a press after the cell returned would land in the test, not the cell
+        if not ended.is_set():
+            _thread.interrupt_main()
+
+    timers = [threading.Timer(t, press) for t in (1.0, 1.0 + apart)]
     for timer in timers:
         timer.start()
     with pytest.raises(CellError) as info:
-        clean.run("import time\nfor _ in range(300):\n    time.sleep(0.1)")
+        try:
+            clean.run("import time\nfor _ in range(300):\n    time.sleep(0.1)")
+        finally:
+            ended.set()
     for timer in timers:
         timer.join()
     assert {e.ename for e in info.value.errors.values()} == {"KeyboardInterrupt"}, [
@@ -653,6 +662,9 @@ def test_dask_logs_of_a_local_cluster_stay_out_of_the_notebook(no_current, monke
     try:
         ctl = monarch_nb.up(workers=1, cpu=True, dist=False)
         ctl.restart()
+        # a worker that dies: the controller's notice says so, the nanny's warning is not shown
+        os.kill(ctl.run("import os\nos.getpid()").item(), signal.SIGKILL)
+        assert wait_for(lambda: any("replacement worker" in n for n in ctl.notices()))
         ctl.down()
     finally:
         root.removeHandler(handler)
