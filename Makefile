@@ -54,7 +54,6 @@ bench: setup
 	$(PY) benchmarks/bench_training.py
 	$(PY) benchmarks/bench_telemetry.py
 	$(PY) -m monarch_kernels.bench
-	PYTHONPATH=tests $(PY) benchmarks/launch_host.py
 
 clean:
 	rm -rf $(VENV)

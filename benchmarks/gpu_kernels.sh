@@ -1,14 +1,12 @@
 #!/usr/bin/env bash
-# The Monarch kernels on a GPU machine, in one go, most important first: the pipelined forward
-# alone under a short timeout (benchmarks/pipelined_check.py), correctness against
+# The Monarch kernels on a GPU machine, in one go, most important first: correctness against
 # the float64 reference (tests/test_monarch_gpu.py), the benchmark table (monarch_kernels.bench),
-# the host's launch work, Triton's JIT against direct launches and launch plans
-# (benchmarks/launch_host.py), where the time goes by stage and on the host
-# (benchmarks/gpu_stage_probe.py) and every kernel config timed (monarch_kernels.tune).
+# where the time goes by stage and on the host (benchmarks/gpu_stage_probe.py) and every
+# kernel config timed (monarch_kernels.tune).
 # Logs go to $OUT (default /tmp/monarch-gpu).
 # Needs torch, triton, pytest and pytest-xdist. Environment: TEST_WORKERS; PROBE_CASES and
-# TUNE_CASES (n:blocks:batch, space-separated; empty skips); BENCH_ARGS; CHECK_, TEST_, PROBE_,
-# BENCH_, LAUNCH_ and TUNE_TIMEOUT in seconds; BUDGET, seconds for the whole script: a step gets
+# TUNE_CASES (n:blocks:batch, space-separated; empty skips); BENCH_ARGS; TEST_, PROBE_, BENCH_
+# and TUNE_TIMEOUT in seconds; BUDGET, seconds for the whole script: a step gets
 # at most what is left, and is skipped with under 20 seconds left.
 set -u
 cd "$(dirname "$0")/.."
@@ -29,44 +27,26 @@ limit() {
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv \
   2>&1 | tee "$OUT/smi.txt" || rocm-smi 2>&1 | tee "$OUT/smi.txt"
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-# The pipelined forward first, alone, briefly: its programs wait on one another, so a fault
-# there would hang a step rather than fail it. Unless it passes, the later steps leave it out.
-SKIP_TESTS=() BENCH_PATHS=() PROBE_FLAGS=() TUNE_KINDS=()
-if t=$(limit "${CHECK_TIMEOUT:-120}") && timeout "$t" $PY benchmarks/pipelined_check.py \
-  >"$OUT/pipelined_check.log" 2>&1; then
-  echo "pipelined check passed after ${SECONDS}s"
-else
-  echo "pipelined check failed or timed out after ${SECONDS}s: left out below"
-  SKIP_TESTS=(-k "not pipeline")
-  BENCH_PATHS=(--paths fused,two_kernel,three_kernel,blas,chunked)
-  PROBE_FLAGS=(--no-pipelined)
-  TUNE_KINDS=(--kinds group,stage,fused,wgrad,stage_wgrad)
-fi
-grep -E "^\||check" "$OUT/pipelined_check.log"
 if t=$(limit "${TEST_TIMEOUT:-300}"); then
   timeout "$t" $PY -m pytest -q -p no:cacheprovider -n ${TEST_WORKERS:-8} \
-    ${SKIP_TESTS[@]+"${SKIP_TESTS[@]}"} tests/test_monarch_gpu.py >"$OUT/gpu_tests.log" 2>&1
+    tests/test_monarch_gpu.py >"$OUT/gpu_tests.log" 2>&1
   echo "gpu tests exit $? after ${SECONDS}s"
   grep -E "passed|failed|error|Error" "$OUT/gpu_tests.log" | grep -v -i warn | tail -15
 fi
 if t=$(limit "${BENCH_TIMEOUT:-240}"); then
-  timeout "$t" $PY -m monarch_kernels.bench ${BENCH_ARGS:-} ${BENCH_PATHS[@]+"${BENCH_PATHS[@]}"} 2>&1 \
+  timeout "$t" $PY -m monarch_kernels.bench ${BENCH_ARGS:-} 2>&1 \
     | grep -v -i warn | tee "$OUT/bench.log"
   echo "bench done after ${SECONDS}s"
 fi
-if t=$(limit "${LAUNCH_TIMEOUT:-60}"); then
-  timeout "$t" $PY benchmarks/launch_host.py 2>&1 | grep -v -i warn | tee "$OUT/launch_host.log"
-  echo "launch host done after ${SECONDS}s"
-fi
 for case in ${PROBE_CASES-4096:64:16384}; do
   t=$(limit "${PROBE_TIMEOUT:-150}") || break
-  timeout "$t" $PY benchmarks/gpu_stage_probe.py --case "$case" ${PROBE_FLAGS[@]+"${PROBE_FLAGS[@]}"} 2>&1 \
+  timeout "$t" $PY benchmarks/gpu_stage_probe.py --case "$case" 2>&1 \
     | grep -v -i warn | tee -a "$OUT/probe.log" | grep -E "^\||failed"
   echo "probe $case done after ${SECONDS}s"
 done
 for case in ${TUNE_CASES-4096:64:16384}; do
   t=$(limit "${TUNE_TIMEOUT:-150}") || break
-  timeout "$t" $PY -m monarch_kernels.tune --case "$case" ${TUNE_KINDS[@]+"${TUNE_KINDS[@]}"} 2>&1 \
+  timeout "$t" $PY -m monarch_kernels.tune --case "$case" 2>&1 \
     | grep -v -i warn >>"$OUT/tune.log"
   echo "tune $case done after ${SECONDS}s"
 done

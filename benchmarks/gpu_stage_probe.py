@@ -7,14 +7,13 @@
 Times (``triton.testing.do_bench`` medians) for one block-diagonal stage as the op launches
 it: reading x and writing the feature-major intermediate (stage 1), and reading that and
 writing y in the specification's permuted order (stage 2), next to stage 2 writing a
-block-major buffer instead (coalesced along features), both with the one-block (2-d) and
-the grouped (3-d) kernel; the blas path's two bmm calls and its output permutation; cuBLAS
-bmm of a block-major stage and a plain copy for scale. Then the host's cost: microseconds of
-Python and launch work per call at a batch small enough that the device keeps up (each path,
-the public function (eager route) and the custom ops, with and without autograd, one Triton
-launch, one bmm), with a cProfile of the op's calls written to
-``$OUT/host_profile_<n>_<blocks>.txt`` where OUT is set; then a torch.profiler breakdown of the
-op's forward and backward, per kernel.
+block-major buffer instead (coalesced along features); the blas path's two bmm calls and
+its output permutation; cuBLAS bmm of a block-major stage and a plain copy for scale. Then
+the host's cost: microseconds of Python and launch work per call at a batch small enough
+that the device keeps up (each path, the public function (eager route) and the custom ops,
+with and without autograd, one Triton launch, one bmm), with a cProfile of the op's calls
+written to ``$OUT/host_profile_<n>_<blocks>.txt`` where OUT is set; then a torch.profiler
+breakdown of the op's forward and backward, per kernel.
 """
 
 from __future__ import annotations
@@ -28,23 +27,15 @@ import pstats
 import time
 
 import torch
-from monarch_kernels import (
-    backward_launch,
-    blas,
-    forward_launch,
-    monarch_matmul,
-    pipeline_launch,
-    triton_launch,
-)
+from monarch_kernels import blas, monarch_matmul, triton_launch
 from monarch_kernels.tune import _ms
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", default="4096:64:16384")
-    parser.add_argument("--no-pipelined", action="store_true", help="leave its rows out")
     args = parser.parse_args()
-    paths = [p for p in triton_launch.PATHS if not (args.no_pipelined and p == "pipelined")]
+    paths = triton_launch.PATHS
     n, blocks, B = (int(v) for v in args.case.split(":"))
     bs = n // blocks
     k = l = blocks
@@ -74,13 +65,10 @@ def main() -> None:
     y_block = (n, s, 1)  # y[b, j*s + a]
 
     def stage(inp, w, out, s_in, s_out):
-        triton_launch._stage(inp, w, out, B, k, q, p, s_in, sw, s_out, {})
+        triton_launch._stage(inp, w, out, B, k, q, p, s_in, sw, s_out, None)
 
     add("stage 1: x -> h", lambda: stage(x, w1, h, sx, feature_major))
-    for kernel, grouped in (("one-block", False), ("grouped", True)):
-        triton_launch.GROUPED = grouped
-        add(f"stage 2 {kernel}: h -> y permuted", lambda: stage(h, w2, y, permuted_in, y_perm))
-    triton_launch.GROUPED = True
+    add("stage 2: h -> y permuted", lambda: stage(h, w2, y, permuted_in, y_perm))
     add("stage 2: h -> y block-major", lambda: stage(h, w2, y, permuted_in, y_block))
     add("transpose rows (B, s*l) -> (B, l*s)", lambda: triton_launch._transpose_rows(y, s, l))
     xb = x.view(B, k, p).transpose(0, 1)
@@ -97,61 +85,21 @@ def main() -> None:
     add("batch-last (l, s, B) -> y", lambda: triton_launch._batch_last(y, yt, l, s, to_flat=True))
     a, wd = torch.randn(B, bs, device=dev, dtype=dt), torch.randn(n, bs, device=dev, dtype=dt)
     add(f"dense GEMM of one stage's FLOPs ({B}x{bs} @ {bs}x{n})", lambda: torch.mm(a, wd.T))
-    for chunks in (2, 4):
-        side = torch.cuda.Stream()
-        add(
-            f"blas forward, {chunks} row chunks, batch-last pass on a second stream",
-            lambda c=chunks, side=side: overlapped_blas_forward(x, w1, w2, c, side),
-        )
     ycopy = torch.empty_like(y)
     add("copy y", lambda: ycopy.copy_(y))
     dy = torch.randn_like(y)
     for path in paths:
-        add(f"op forward, {path}", lambda p=path: forward_launch.monarch_forward(x, w1, w2, path=p))
+        add(f"op forward, {path}", lambda p=path: triton_launch.monarch_forward(x, w1, w2, path=p))
         add(
             f"op backward, {path}",
-            lambda p=path: backward_launch.monarch_backward(dy, x, w1, w2, path=p),
+            lambda p=path: triton_launch.monarch_backward(dy, x, w1, w2, path=p),
             traffic=5 * act,
         )
-    for path in ("two_kernel", "three_kernel", "blas", "chunked"):
-        _y, hk = forward_launch.monarch_forward(x, w1, w2, path="three_kernel", keep=True)
+    for path in paths:
+        _y, hk = triton_launch.monarch_forward(x, w1, w2, path="three_kernel", keep=True)
         add(
             f"op backward, {path}, h kept",
-            lambda p=path, hk=hk: backward_launch.monarch_backward(dy, x, w1, w2, path=p, h=hk),
-            traffic=5 * act,
-        )
-    # the pipelined forward by rounds between a tile's stages (its ring holds 2*lag + 2 tiles;
-    # the config is tuned once, at the first lag; None: the launcher's own)
-    default_lag = pipeline_launch.PIPELINE_LAG
-    for lag in (None, 1, 2, 4, 8, 16, 32) if "pipelined" in paths else ():
-        pipeline_launch.PIPELINE_LAG = lag
-        add(
-            f"op forward, pipelined, lag {lag or 'chosen'}",
-            lambda: forward_launch.monarch_forward(x, w1, w2, path="pipelined"),
-        )
-    pipeline_launch.PIPELINE_LAG = default_lag
-    # the chunked path by chunk size: where the intermediates stop fitting in the cache
-    default = forward_launch._chunk_rows(B, n * x.element_size(), dev)
-    for rows in sorted({512, 1024, 2048, 4096, default}):
-        add(
-            f"op forward, chunked, {rows} rows a chunk",
-            lambda c=rows: forward_launch.monarch_forward(x, w1, w2, path="chunked", chunk_rows=c),
-        )
-        add(
-            f"op backward, chunked, {rows} rows a chunk, h kept",
-            lambda c=rows: backward_launch.monarch_backward(
-                dy, x, w1, w2, path="chunked", h=hk, chunk_rows=c
-            ),
-            traffic=5 * act,
-        )
-    # its backward by weight-gradient splits a chunk: each split writes a float32 partial of
-    # both weights, so more splits fill the GPU but move more
-    for splits in (1, 2, 4, 8):
-        add(
-            f"op backward, chunked, {default} rows a chunk, {splits} splits each, h kept",
-            lambda sp=splits: backward_launch.monarch_backward(
-                dy, x, w1, w2, path="chunked", h=hk, splits=sp
-            ),
+            lambda p=path, hk=hk: triton_launch.monarch_backward(dy, x, w1, w2, path=p, h=hk),
             traffic=5 * act,
         )
     print(f"{torch.cuda.get_device_name(dev)}; n={n} blocks={blocks} batch={B} bfloat16")
@@ -177,25 +125,6 @@ def main() -> None:
             break
         except (AttributeError, KeyError, ValueError):
             continue
-
-
-def overlapped_blas_forward(x, w1, w2, chunks: int, side) -> torch.Tensor:
-    """The blas forward in row chunks, each chunk's output permutation (memory-bound) on a
-    second stream while the next chunk's GEMMs (compute-bound) run: what overlap could save
-    where the GEMMs dominate (few, wide blocks)."""
-    B = x.shape[0]
-    l, s, _r = w2.shape
-    y = x.new_empty(B, s * l)
-    main = torch.cuda.current_stream()
-    rows = B // chunks
-    for c in range(chunks):
-        _ht, yt = blas.forward_stages(x[c * rows : (c + 1) * rows], w1, w2)
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            triton_launch._batch_last(y[c * rows : (c + 1) * rows], yt, l, s, to_flat=True)
-        yt.record_stream(side)
-    main.wait_stream(side)
-    return y
 
 
 def host_us(fn, calls: int = 300) -> float:
@@ -238,10 +167,10 @@ def host_costs(w1: torch.Tensor, w2: torch.Tensor, paths, batch: int = 256) -> N
         )[0].backward(dy),
     }
     for path in paths:
-        calls[f"launcher forward, {path}"] = lambda p=path: forward_launch.monarch_forward(
+        calls[f"launcher forward, {path}"] = lambda p=path: triton_launch.monarch_forward(
             x, w1, w2, path=p
         )
-        calls[f"launcher backward, {path}"] = lambda p=path: backward_launch.monarch_backward(
+        calls[f"launcher backward, {path}"] = lambda p=path: triton_launch.monarch_backward(
             dy, x, w1, w2, path=p
         )
     print(f"\nhost microseconds per call, batch {batch} (the device keeps up)")

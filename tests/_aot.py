@@ -8,29 +8,21 @@ argument is a run-time int32; the compiler options are those every launch passes
 from __future__ import annotations
 
 # The compile-time constants each kind's launcher adds at width 4096 with 64 blocks (besides a
-# config's own); the one-block stage and the stage-and-weight-gradient kernels as they write
-# the batch-contiguous intermediates, the fused kernel with its per-program scratch.
-LAUNCH_CONSTANTS = {
-    "stage": {"TRANS_OUT": True},
-    "group": {"stride_out_o": 64},  # y's block count
-    "fused": {"FULL_SCRATCH": False},
-    "wgrad": {},
-    "stage_wgrad": {"TRANS_OUT": True},
-    "pipeline": {"L": 64, "S": 64, "J1": 8, "J2": 8, "BLOCK_P": 64, "BLOCK_Q": 64, "BLOCK_T": 2},
-}
+# config's own): the stage kernel as it writes the batch-contiguous intermediates.
+LAUNCH_CONSTANTS = {"stage": {"TRANS_OUT": True}, "wgrad": {}}
 # what Triton takes as compiler options rather than kernel constants
 _OPTION_KEYS = ("waves_per_eu", "matrix_instr_nonkdim")
 
 
 def compile_ahead(kernel, constexprs: dict, options: dict, target, dtype: str = "bf16"):
     """``kernel`` compiled for ``target`` (backend, arch, warp size) with ``dtype`` tensors
-    (float32 for weight-gradient partials, int32 for counters)."""
+    (float32 for weight-gradient partials)."""
     import triton
     from monarch_kernels.triton_launch import _OPTIONS
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    types = {"partial_ptr": "*fp32", "sync_ptr": "*i32"}
+    types = {"partial_ptr": "*fp32"}
     signature = {
         name: "constexpr"
         if name in constexprs

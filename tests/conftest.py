@@ -1,5 +1,4 @@
-"""Shared fixtures: a real IPython shell and a real local cluster of 2 CPU worker processes;
-launch plans counted as they replay."""
+"""Shared fixtures: a real IPython shell and a real local cluster of 2 CPU worker processes."""
 
 from __future__ import annotations
 
@@ -77,19 +76,3 @@ class Cell:
 @pytest.fixture
 def cell(shell, capsys):
     return Cell(shell, capsys)
-
-
-@pytest.fixture
-def replays(monkeypatch):
-    """Launch plans on (``monarch_kernels/replay.py``), none kept from before the test; the
-    list gets an entry each time a plan replays."""
-    from monarch_kernels import replay
-
-    monkeypatch.setattr(replay, "ENABLED", True)
-    monkeypatch.setattr(replay, "_plans", {})
-    replayed = []
-    replay_of = replay.Plan.replay
-    monkeypatch.setattr(
-        replay.Plan, "replay", lambda self, inputs: replayed.append(self) or replay_of(self, inputs)
-    )
-    return replayed

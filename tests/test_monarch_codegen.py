@@ -1,8 +1,7 @@
 """What the Triton kernels compile to, read without a GPU: their global memory accesses.
 
-Each launch the launchers make at width 4096 with 64 and with 4 blocks (every path but the fused
-one, forward and backward; the chunked path in an H200's L2-sized chunks; the pipelined
-forward) is compiled ahead of time for sm_90 and gfx942 with the specialisation Triton's JIT
+Each launch the launchers make at width 4096 with 64 and with 4 blocks (both paths, forward and
+backward) is compiled ahead of time for sm_90 and gfx942 with the specialisation Triton's JIT
 gives those arguments (pointers and integers divisible by 16, integers equal to 1 folded), and
 its assembly must move bfloat16 data in vectors: an access of one 16-bit element per
 instruction is what an unknown alignment or a result tile stored across its columns compiles
@@ -34,7 +33,7 @@ def _record_launches(monkeypatch, nblocks: int):
     """(kernel, args, kwargs) of every launch of the forward and backward on each path at
     width 4096, recorded from the real launchers (the kernels are not run)."""
     import torch
-    from monarch_kernels import backward_launch, forward_launch, pipeline_launch, triton_launch
+    from monarch_kernels import triton_launch
 
     launches = []
 
@@ -49,25 +48,19 @@ def _record_launches(monkeypatch, nblocks: int):
         launches.append((triton_launch._KERNELS[kind], args, {**const, "config": config}))
 
     monkeypatch.setattr(triton_launch, "_launch", launch)
-    for module, name in (
-        (triton_launch, "_batch_last_kernel"),
-        (triton_launch, "_transpose_rows_kernel"),
-        (backward_launch, "_sum_splits_kernel"),
-        (pipeline_launch, "_zero_kernel"),
-    ):
-        monkeypatch.setattr(module, name, Recorder(getattr(module, name)))
+    for name in ("_batch_last_kernel", "_transpose_rows_kernel", "_sum_splits_kernel"):
+        monkeypatch.setattr(triton_launch, name, Recorder(getattr(triton_launch, name)))
     monkeypatch.setattr(triton_launch, "interpreting", lambda: True)  # CPU tensors pass checks
     monkeypatch.setattr(triton_launch, "_sm_count", lambda device: 132)  # an H200's split count
-    monkeypatch.setattr(triton_launch, "_cache_bytes", lambda device: 50 * 2**20)  # and L2 chunks
     B, n, width = 16384, 4096, 4096 // nblocks  # (empty tensors: nothing is touched)
     x = torch.empty(B, n, dtype=torch.bfloat16)
     dy = torch.empty(B, n, dtype=torch.bfloat16)
     w1 = torch.empty(nblocks, width, width, dtype=torch.bfloat16)
     w2 = torch.empty(nblocks, width, width, dtype=torch.bfloat16)
-    for path in ("two_kernel", "three_kernel", "blas", "chunked", "pipelined"):
-        _y, h = forward_launch.monarch_forward(x, w1, w2, path=path, keep=True)
-        backward_launch.monarch_backward(dy, x, w1, w2, path=path, h=h)
-    forward_launch.monarch_forward(x, w1, w2, path="pipelined")  # intermediate in its ring
+    for path in triton_launch.PATHS:
+        _y, h = triton_launch.monarch_forward(x, w1, w2, path=path, keep=True)
+        triton_launch.monarch_backward(dy, x, w1, w2, path=path, h=h)
+        triton_launch.monarch_backward(dy, x, w1, w2, path=path)  # stage 1 recomputed
     return launches
 
 
@@ -107,28 +100,18 @@ def _configs(backend: str, kind_kernel) -> list:
 @pytest.mark.parametrize("nblocks", [64, 4])
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_kernels_move_bfloat16_in_vectors(monkeypatch, target, nblocks):
-    from monarch_kernels import backward_launch, pipeline_launch, triton_launch
+    from monarch_kernels import triton_launch
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     backend, arch, warp = TARGETS[target]
     seen, compiled = set(), 0
     for kernel, args, kwargs in _record_launches(monkeypatch, nblocks):
-        if kernel in (
-            backward_launch._sum_splits_kernel.kernel,
-            pipeline_launch._zero_kernel.kernel,
-        ):
-            continue  # its output splits at the first weight's size: any alignment; counters
+        if kernel is triton_launch._sum_splits_kernel.kernel:
+            continue  # its output splits at the first weight's size: any alignment
         config = kwargs.get("config")
         if config is None and kernel in triton_launch._KERNELS.values():
-            fitting = [
-                c
-                for c in _configs(backend, kernel)
-                if "BLOCK_J" not in c.kwargs or triton_launch._divides_blocks(c, nblocks)
-            ]
-            if kernel is triton_launch._KERNELS["stage_wgrad"]:
-                fitting = [c for c in fitting if triton_launch._covers(c, args[7], args[8])]
-            config = fitting[0]
+            config = _configs(backend, kernel)[0]
         signature, constexprs, attrs = _specialise(kernel, args, kwargs, config)
         key = (kernel.__name__, str(signature), str(constexprs), str(attrs))
         if key in seen:
@@ -144,56 +127,4 @@ def test_kernels_move_bfloat16_in_vectors(monkeypatch, target, nblocks):
         scalar = SCALAR_16BIT[backend].findall(asm)
         assert not scalar, (kernel.__name__, constexprs, sorted(set(scalar)))
         compiled += 1
-    assert compiled >= 6  # stage, group, transposes, stage_wgrad, wgrad, batch-last
-
-
-@pytest.mark.parametrize("target", sorted(TARGETS))
-def test_pipelined_kernel_acquires_once_a_wait(target):
-    """The pipelined forward's programs poll their counters with relaxed loads and acquire
-    once a wait (three waits: stage 2, the transposes, a slot's reuse), and take tickets
-    relaxed: an acquire invalidates caches (``buffer_inv`` on gfx942), so acquiring on every
-    poll or ticket would throw away what the other programs on the compute unit read."""
-    from _aot import compile_config
-    from monarch_kernels.configs import _cuda_configs
-
-    backend = TARGETS[target][0]
-    cfg = _cuda_configs("pipeline")[0]  # a 64 x 64 x 64 tile, 4 transpose items a tile
-    binary = compile_config("pipeline", cfg, TARGETS[target])
-    if backend == "cuda":
-        ptx = binary.asm["ptx"]
-        acquires = len(re.findall(r"\.(?:acquire|acq_rel)\b", ptx))
-        assert re.search(r"ld\.global\.gpu\.relaxed", ptx)  # the polls
-    else:
-        acquires = binary.asm["amdgcn"].count("buffer_inv")
-    assert 1 <= acquires <= 3, acquires
-
-
-@pytest.mark.parametrize("target", sorted(TARGETS))
-def test_pipelined_kernel_signals_after_every_threads_stores(target):
-    """A program says a tile's stage is done with one thread's release add after a barrier:
-    on sm_90 ``bar.sync``, then ``red.release.gpu``; on gfx942 the barrier between
-    workgroup-scope release and acquire fences (which order every wave's stores before
-    it), then the L2 written back (``buffer_wbl2 sc1``) and the stores waited for before
-    the add. Without that release, another program could see the count before the
-    intermediate it counts."""
-    from _aot import compile_config
-    from monarch_kernels.configs import _cuda_configs
-
-    backend = TARGETS[target][0]
-    binary = compile_config("pipeline", _cuda_configs("pipeline")[0], TARGETS[target])
-    if backend == "cuda":
-        ptx = binary.asm["ptx"]
-        adds = re.findall(r"(bar\.sync[^\n]*\n(?:[^\n]*\n){0,8}?)[^\n]*red\.([\w.]+)\.add", ptx)
-        assert adds and all("release.gpu" in sem or "gpu.release" in sem for _, sem in adds)
-        return
-    llir, asm = binary.asm["llir"], binary.asm["amdgcn"]
-    barriers = llir.count("call void @llvm.amdgcn.s.barrier()")
-    fenced = re.findall(
-        r'fence syncscope\("workgroup"\) release[^\n]*\n'
-        r"\s*(?:tail )?call void @llvm\.amdgcn\.s\.barrier\(\)[^\n]*\n"
-        r'\s*fence syncscope\("workgroup"\) acquire',
-        llir,
-    )
-    assert barriers and len(fenced) == barriers
-    assert re.search(r'atomicrmw add [^\n]* syncscope\("agent"\) release', llir)
-    assert re.search(r"buffer_wbl2 sc1\s+s_waitcnt vmcnt\(0\)\s+global_atomic_add", asm)
+    assert compiled >= 5  # stage (both orientations), transposes, wgrad, batch-last

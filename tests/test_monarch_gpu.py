@@ -21,11 +21,8 @@ triton = pytest.importorskip("triton")
 
 from monarch_kernels import (  # noqa: E402
     MonarchLinear,
-    backward_launch,
-    forward_launch,
     monarch_matmul,
     monarch_reference,
-    pipeline_launch,
     triton_launch,
 )
 from monarch_kernels.configs import get_configs  # noqa: E402
@@ -95,152 +92,53 @@ def test_forward_and_backward_match_reference(shape, path, dtype):
         xs, w1s, w2s, dys = _cast((x, w1, w2, dy), dtype)
         first = {kind: get_configs(kind)[0] for kind in triton_launch._KERNELS}
         _poison()
-        y = forward_launch.monarch_forward(xs, w1s, w2s, path=path, configs=first)
+        y = triton_launch.monarch_forward(xs, w1s, w2s, path=path, configs=first)
         assert _rel(y, want) < TOL[dtype], ("y", _rel(y, want))
         _poison()
-        got = backward_launch.monarch_backward(dys, xs, w1s, w2s, path=path, configs=first)
+        got = triton_launch.monarch_backward(dys, xs, w1s, w2s, path=path, configs=first)
         for name, a, b in zip(("dx", "dw1", "dw2"), got, grads, strict=True):
             assert _rel(a, b) < TOL[dtype], (name, _rel(a, b))
 
 
-@pytest.mark.parametrize("kind", ["stage", "group", "fused", "wgrad", "stage_wgrad", "pipeline"])
+@pytest.mark.parametrize("kind", ["stage", "wgrad"])
 def test_every_config_of_the_active_backend(kind):
     """bfloat16, the square many-block case and an odd one, every config of ``kind``."""
-    # 32-wide blocks, which every stage_wgrad config holds whole (wider ones fuse only in some)
-    for shape in SHAPES[:2] + ([(1000, 32, 32, 32, 32, 32)] if kind == "stage_wgrad" else []):
+    for shape in SHAPES[:2]:
         x, w1, w2, dy = _inputs(shape, torch.float64, 5)
         want = monarch_reference(x, w1, w2)
         grads = _grads64(x, w1, w2, dy)
         xs, w1s, w2s, dys = _cast((x, w1, w2, dy), torch.bfloat16)
-        path = triton_launch.KIND_PATHS[kind]
-        triton_launch.GROUPED = kind != "stage"
-        try:
-            for cfg in get_configs(kind):
-                _poison()
-                y = forward_launch.monarch_forward(xs, w1s, w2s, path=path, configs={kind: cfg})
-                assert _rel(y, want) < 2e-2, (cfg, _rel(y, want))
-                got = backward_launch.monarch_backward(
-                    dys, xs, w1s, w2s, path=path, configs={kind: cfg}
-                )
-                for name, a, b in zip(("dx", "dw1", "dw2"), got, grads, strict=True):
-                    assert _rel(a, b) < 2e-2, (cfg, name, _rel(a, b))
-        finally:
-            triton_launch.GROUPED = True
+        for cfg in get_configs(kind):
+            _poison()
+            c = {kind: cfg}
+            y = triton_launch.monarch_forward(xs, w1s, w2s, path="three_kernel", configs=c)
+            assert _rel(y, want) < 2e-2, (cfg, _rel(y, want))
+            got = triton_launch.monarch_backward(dys, xs, w1s, w2s, path="three_kernel", configs=c)
+            for name, a, b in zip(("dx", "dw1", "dw2"), got, grads, strict=True):
+                assert _rel(a, b) < 2e-2, (cfg, name, _rel(a, b))
 
 
 @pytest.mark.parametrize("path", triton_launch.PATHS)
 def test_weight_gradients_are_deterministic(path):
     x, w1, w2, dy = _cast(_inputs(SHAPES[0], torch.float64, 3), torch.bfloat16)
-    first = backward_launch.monarch_backward(dy, x, w1, w2, path=path)
+    first = triton_launch.monarch_backward(dy, x, w1, w2, path=path)
     for _ in range(3):
-        again = backward_launch.monarch_backward(dy, x, w1, w2, path=path)
+        again = triton_launch.monarch_backward(dy, x, w1, w2, path=path)
         # dw1 and dw2 (dx comes from vendor GEMMs on the blas path, which may use atomics)
         for a, b in zip(first[1:], again[1:], strict=True):
             assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("path", ["two_kernel", "three_kernel"])
-def test_direct_launches_match_tritons_own(monkeypatch, path):
-    """The same compiled kernels launched by Triton's JIT and directly give the same bits,
-    for aligned inputs and for an x whose data starts 2 bytes off 16-byte alignment."""
-    from monarch_kernels import direct, replay
-
-    if not direct.SUPPORTED:
-        pytest.skip("this Triton (older than 3.3) launches everything through its JIT")
-    monkeypatch.setattr(replay, "ENABLED", False)  # every call through the launchers
-    x, w1, w2, dy = _cast(_inputs(SHAPES[0], torch.float64, 6), torch.bfloat16)
-    shifted = torch.empty(x.numel() + 1, device=DEV, dtype=x.dtype)[1:].view(x.shape)
-    shifted.copy_(x)
-    for xs in (x, shifted):
-        results = []
-        for supported in (False, True):
-            monkeypatch.setattr(direct, "SUPPORTED", supported)
-            y, h = forward_launch.monarch_forward(xs, w1, w2, path=path, keep=True)
-            grads = backward_launch.monarch_backward(dy, xs, w1, w2, path=path, h=h)
-            results.append((y, *grads))
-        for a, b in zip(*results, strict=True):
-            assert torch.equal(a, b)
-
-
-@pytest.mark.parametrize("lag,programs", [(1, 3), (1, 8), (None, None), (4, None), (2, 1024)])
-def test_pipelined_forward_hands_tiles_between_programs(monkeypatch, lag, programs):
-    """The one-launch forward with its ring of scratch slots reused many times (4096 rows in
-    64-row tiles), by few programs and by more than the GPU holds at once: matches the
-    reference, and gives the same bits run after run (a tile read before its producer's
-    stores were visible would not), the intermediate kept or not."""
-    monkeypatch.setattr(pipeline_launch, "PIPELINE_LAG", lag)
-    shape = (4096, 64, 64, 64, 64, 64)
-    x, w1, w2, _dy = _inputs(shape, torch.float64, 9)
-    want = monarch_reference(x, w1, w2)
-    xs, w1s, w2s = _cast((x, w1, w2), torch.bfloat16)
-    first = None
-    for _ in range(5):
-        _poison()
-        y = forward_launch.monarch_forward(xs, w1s, w2s, path="pipelined", num_programs=programs)
-        assert _rel(y, want) < TOL[torch.bfloat16], _rel(y, want)
-        first = y if first is None else first
-        assert torch.equal(y, first)
-    # with the intermediate kept for the backward: stage 1 writes all of it
-    y, h = forward_launch.monarch_forward(
-        xs, w1s, w2s, path="pipelined", num_programs=programs, keep=True
-    )
-    assert _rel(y, want) < TOL[torch.bfloat16], _rel(y, want)
-    B, k, p = shape[:3]
-    h_want = torch.einsum("bkp,kqp->kqb", x.view(B, k, p), w1).reshape(-1, B)
-    assert _rel(h, h_want) < TOL[torch.bfloat16], _rel(h, h_want)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("shape", SHAPES[:3], ids=lambda s: "x".join(map(str, s)))
-def test_chunked_path_in_several_chunks(shape, dtype):
-    """The chunked path in chunks of 256 rows (the last one partial), the intermediate kept,
-    not kept and recomputed, each chunk's weight gradients in their own splits."""
-    x, w1, w2, dy = _inputs(shape, torch.float64, 8, strided=True)
-    want = monarch_reference(x, w1, w2)
-    grads = _grads64(x, w1, w2, dy)
-    xs, w1s, w2s, dys = _cast((x, w1, w2, dy), dtype)
-    _poison()
-    y = forward_launch.monarch_forward(xs, w1s, w2s, path="chunked", chunk_rows=256)
-    assert _rel(y, want) < TOL[dtype], ("y", _rel(y, want))
-    _poison()
-    y, h = forward_launch.monarch_forward(xs, w1s, w2s, path="chunked", keep=True, chunk_rows=256)
-    assert _rel(y, want) < TOL[dtype], ("y kept", _rel(y, want))
-    for kept in (h, None):
-        _poison()
-        got = backward_launch.monarch_backward(
-            dys, xs, w1s, w2s, path="chunked", h=kept, chunk_rows=256
-        )
-        for name, a, b in zip(("dx", "dw1", "dw2"), got, grads, strict=True):
-            assert _rel(a, b) < TOL[dtype], (name, kept is None, _rel(a, b))
-
-
-@pytest.mark.parametrize("path", ["two_kernel", "three_kernel", "fused", "chunked", "pipelined"])
-def test_launch_plans_match_the_launchers(monkeypatch, path, replays):
-    """Calls replayed from a launch plan (``replay.py``) give the launchers' own bits, on new
-    tensors at new addresses each call (the chunked path in 128-row chunks, as from a 4 MiB
-    L2 cache)."""
-    from monarch_kernels import replay
-
-    monkeypatch.setattr(triton_launch, "_cache_bytes", lambda device: 4 * 2**20)
-    x, w1, w2, dy = _cast(_inputs(SHAPES[0], torch.float64, 7), torch.bfloat16)
-    keep = path != "fused"
-
-    def step(x, dy):
-        out = forward_launch.monarch_forward(x, w1, w2, path=path, keep=keep)
-        y, h = out if keep else (out, None)
-        return y, *backward_launch.monarch_backward(dy, x, w1, w2, path=path, h=h)
-
-    monkeypatch.setattr(replay, "ENABLED", False)
-    want = step(x, dy)
-    monkeypatch.setattr(replay, "ENABLED", True)
-    held = []  # every call's tensors stay alive, so none reuses another's address
-    for _ in range(4):  # seen, recorded, replayed twice
-        held.append((x.clone(), dy.clone()))
-        got = step(*held[-1])
-        held.append(got)
-        for a, b in zip(got, want, strict=True):
-            assert torch.equal(a, b)
-    assert len(replays) == 4
+def test_path_is_chosen_once_per_batch_bucket(monkeypatch):
+    """Batch sizes in one power-of-two bucket share the timed path choice; the next bucket
+    is timed anew."""
+    monkeypatch.setattr(triton_launch, "_path_choice", {})
+    w1, w2 = _cast(_inputs(SHAPES[0], torch.float64, 8)[1:3], torch.bfloat16)
+    for rows in (1000, 600, 1024, 1025):
+        x = torch.randn(rows, w1.shape[0] * w1.shape[2], device=DEV, dtype=torch.bfloat16)
+        y = monarch_matmul(x, w1, w2)
+        assert _rel(y, monarch_reference(x.double(), w1.double(), w2.double())) < 2e-2
+    assert sorted(key[1] for key in triton_launch._path_choice) == [1024, 2048]
 
 
 def test_op_autotuned_with_batch_dims_and_autograd():

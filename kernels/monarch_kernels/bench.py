@@ -99,7 +99,7 @@ def _probes(device: torch.device, dtype: torch.dtype) -> tuple[dict, dict]:
     return calls, work
 
 
-FORCED_PATHS = ("fused", "two_kernel", "three_kernel", "blas", "chunked", "pipelined")
+FORCED_PATHS = ("three_kernel", "blas")  # triton_launch.PATHS (importing it needs Triton)
 
 
 def _methods(n: int, blocks: int, device, dtype, use_compile: bool, paths=FORCED_PATHS):
@@ -313,13 +313,13 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(format_table(rows))
     if gpu:
-        from .path_choice import _path_choice
+        from .triton_launch import chosen_paths
 
-        # keys: (direction, (shape, strides) of each tensor timed, dtype, device)
         chosen = sorted(
-            f"{key[0]}, {' '.join('x'.join(map(str, shape)) for shape, _ in key[1:-2])}, "
+            f"{key[0]}, batch <= {key[1]}, "
+            f"{' '.join('x'.join(map(str, t[0])) for t in key[2:-2] if t is not None)}, "
             f"{str(key[-2])[6:]}: {path}"
-            for key, path in _path_choice.items()
+            for key, path in chosen_paths().items()
         )
         print("\nfused op, the paths it chose:\n  " + "\n  ".join(chosen or ["none"]))
 

@@ -2,8 +2,8 @@
 # (k, q, p, l, s, r are the specification's names; l is a block count.)
 """The Monarch product's block products on the vendor BLAS (``torch.bmm``), batch-last.
 
-Both the CPU torch path (``ops.py``) and the GPU's ``blas`` path (``forward_launch.py``,
-``backward_launch.py``) work in this orientation: they compute ``out.T`` (s*l, B) from
+Both the CPU torch path (``ops.py``) and the GPU's ``blas`` path (``triton_launch.py``)
+work in this orientation: they compute ``out.T`` (s*l, B) from
 ``x.T`` (n, B). There the ``(r l) -> (l r)`` permutation between the stages acts on the *row*
 index of a column-major-ish operand, so it is a leading dimension that BLAS accepts and is
 never copied:

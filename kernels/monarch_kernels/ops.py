@@ -74,7 +74,7 @@ def _use_triton(device: torch.device) -> bool:
                     f"Triton {triton.__version__} is older than {'.'.join(map(str, _MIN_TRITON))}"
                 )
             else:
-                from . import backward_launch, forward_launch  # noqa: F401
+                from . import triton_launch  # noqa: F401
         except Exception as exc:  # an unparsable version, a failing import: fall back, not crash
             reason = f"Triton is not usable ({type(exc).__name__}: {exc})"
         _triton_state["ok"] = reason is None
@@ -131,7 +131,7 @@ def _forward(
     if x2.shape[0] == 0:
         return x.new_zeros(0, s * l), x.new_zeros(k * q, 0)
     if x.dtype in _TRITON_DTYPES and _use_triton(x.device):
-        from .forward_launch import monarch_forward
+        from .triton_launch import monarch_forward
 
         if keep:
             y, h = monarch_forward(x2, w1, w2, keep=True)
@@ -186,7 +186,7 @@ def _gradients(
     if x2.shape[0] == 0:
         return x.new_zeros(x.shape), w1.new_zeros(w1.shape), w2.new_zeros(w2.shape)
     if x.dtype in _TRITON_DTYPES and _use_triton(x.device):
-        from .backward_launch import monarch_backward
+        from .triton_launch import monarch_backward
 
         dx, dw1, dw2 = monarch_backward(dy2, x2, w1, w2, h=h)
     else:
@@ -210,7 +210,7 @@ def _monarch_keep_op(
     x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward for training: ``(y, h)``, h the feature-major intermediate (k*q, B) that the
-    backward needs for ``dw2``. Every path but the fused one writes h anyway; keeping it
+    backward needs for ``dw2``. Every path writes h anyway; keeping it
     saves the backward a pass of stage 1 (one activation-sized tensor more held)."""
     y, h = _forward(x, w1, w2, keep=True)
     return _batched(y, x), h
@@ -277,8 +277,8 @@ class _MonarchMatmul(torch.autograd.Function):
     """The eager route for training: what ``monarch_matmul_keep`` and its registered backward
     compute, without the layers a Python custom op passes through on every call (dispatcher,
     autograd wrapper, alias checks, the compiler's guard). Those cost about as much host
-    time as the kernels' launches (kernels/README.md, "Host time"); compiled code keeps the
-    custom ops, which is what ``torch.compile`` needs to see."""
+    time as the kernels' launches (kernels/README.md, "Removing host overhead"); compiled
+    code keeps the custom ops, which is what ``torch.compile`` needs to see."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,4 @@
-"""Triton kernels for the Monarch product. Launchers live in ``forward_launch.py``
-and ``backward_launch.py``, on the ground ``triton_launch.py`` lays.
+"""Triton kernels for the Monarch product; the launchers are in ``triton_launch.py``.
 
 Every kernel reads and writes through explicit strides over a logical ``(row, block, feature)``
 index, so each permutation of the specification is index arithmetic in a load or a store,
@@ -14,24 +13,11 @@ Global intermediates are stored feature-major, ``(k*q, B)``: a row tile of any b
 BLOCK_M contiguous elements, so the stage-1 store and the permuted stage-2 load are both
 coalesced along the batch, whatever the permutation does to the feature index.
 
-The output permutation interleaves blocks (``y[b, a*l + j]``): ``_block_group_kernel`` joins
-several blocks' tiles so that each thread stores a run of consecutive outputs, and
-``_transpose_rows_kernel`` applies (or undoes) the permutation at copy speed for the paths
-that keep data block-major; ``_batch_last_kernel`` does the same between ``y`` and the BLAS
-path's batch-last ``(l, s, B)``. ``_sum_splits_kernel`` finishes the weight gradients' split
-partials.
-
-Why the fused forward uses an L2 scratch rather than registers: stage-2 block j needs element
-``rr*l + j`` of the stage-1 output for every rr, i.e. q/l elements from every stage-1 block
-when l <= q (one each in the square case). A row tile therefore needs its whole
-``BLOCK_M x k*q`` intermediate before stage 2 can start. At width 4096 and BLOCK_M=16 that is
-64K fp32 values (256 KB): more than an SM's whole register file, and Triton has no explicit
-shared-memory buffers. So each persistent program owns a private slot of ``BLOCK_M x k*q``
-elements in global memory, writes stage 1 there, synchronises its threads and reads it back
-permuted. It is correct on an H200 but slower than the other paths (it walks the blocks one
-after another with few loads in flight), so it runs only when ``MONARCH_KERNELS_PATH=fused``.
-The one-launch forward that hands row tiles between programs instead is in
-``pipeline_kernel.py``.
+The output permutation interleaves blocks (``y[b, a*l + j]``). Stage 2 writes block-major
+instead, and ``_transpose_rows_kernel`` applies (or undoes) the permutation at copy speed;
+``_batch_last_kernel`` does the same between ``y`` and the BLAS path's batch-last
+``(l, s, B)``. ``_block_wgrad_kernel`` reduces the weight gradients in split partials, which
+``_sum_splits_kernel`` finishes.
 """
 
 from __future__ import annotations
@@ -107,8 +93,8 @@ def _store_tile(
 
 
 @triton.jit
-def _tile_order(NBLK, NOUT, NGROUP: tl.constexpr, BLOCK_O: tl.constexpr):
-    """(row tile, first block, first output) of this program, blocks fastest.
+def _tile_order(NBLK, NOUT, BLOCK_O: tl.constexpr):
+    """(row tile, block, first output) of this program, blocks fastest.
 
     Programs that write the same output rows then run side by side: where blocks interleave
     in the output (``y[b, a*l + j]``) each 32-byte sector is completed in L2 by neighbouring
@@ -116,11 +102,9 @@ def _tile_order(NBLK, NOUT, NGROUP: tl.constexpr, BLOCK_O: tl.constexpr):
     to merge (measured 40x slower on an H200 with rows fastest).
     """
     pid = tl.program_id(0)
-    groups = NBLK // NGROUP
     n_o = tl.cdiv(NOUT, BLOCK_O)
-    blk0 = (pid % groups) * NGROUP
-    rest = pid // groups
-    return rest // n_o, blk0, (rest % n_o) * BLOCK_O
+    rest = pid // NBLK
+    return rest // n_o, pid % NBLK, (rest % n_o) * BLOCK_O
 
 
 @triton.jit
@@ -158,7 +142,7 @@ def _block_matmul_kernel(
     bf16 at a time (``global_store_short``), the transposed one as 8-byte vectors from
     consecutive lanes. NVIDIA's stores come out as 16-byte vectors either way.
     """
-    pid_m, blk, o0 = _tile_order(NBLK, NOUT, 1, BLOCK_O)
+    pid_m, blk, o0 = _tile_order(NBLK, NOUT, BLOCK_O)
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     mask_m = offs_m < B
     acc = _tile_matmul(
@@ -171,273 +155,6 @@ def _block_matmul_kernel(
     _store_tile(
         out, acc, offs_m, offs_o, mask_m, offs_o < NOUT, stride_out_m, stride_out_o, TRANS_OUT
     )
-
-
-@triton.jit
-def _interleaved_tiles(
-    in_ptr,
-    w_ptr,
-    offs_m,
-    mask_m,
-    blk0,
-    o0,
-    NRED,
-    NOUT,
-    stride_in_m,
-    stride_in_blk,
-    stride_in_c,
-    stride_w_blk,
-    stride_w_o,
-    stride_w_c,
-    STEP: tl.constexpr,
-    COUNT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_O: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-):
-    """Tiles of blocks ``blk0 + STEP*t`` (t < COUNT) joined along new trailing axes, so that
-    ``reshape(..., (BLOCK_M, BLOCK_O, COUNT))`` has block ``blk0 + STEP*t`` at index t.
-
-    Each tile is an ordinary 2-d dot (the widest matrix instructions the chip has); ``tl.join``
-    pairs even and odd blocks recursively, which leaves consecutive blocks side by side in a
-    thread's registers.
-    """
-    if COUNT == 1:
-        return _tile_matmul(
-            in_ptr, w_ptr, offs_m, mask_m, blk0, o0, NRED, NOUT,
-            stride_in_m, stride_in_blk, stride_in_c, stride_w_blk, stride_w_o, stride_w_c,
-            BLOCK_M, BLOCK_O, BLOCK_C,
-        )  # fmt: skip
-    else:
-        even = _interleaved_tiles(
-            in_ptr, w_ptr, offs_m, mask_m, blk0, o0, NRED, NOUT,
-            stride_in_m, stride_in_blk, stride_in_c, stride_w_blk, stride_w_o, stride_w_c,
-            2 * STEP, COUNT // 2, BLOCK_M, BLOCK_O, BLOCK_C,
-        )  # fmt: skip
-        odd = _interleaved_tiles(
-            in_ptr, w_ptr, offs_m, mask_m, blk0 + STEP, o0, NRED, NOUT,
-            stride_in_m, stride_in_blk, stride_in_c, stride_w_blk, stride_w_o, stride_w_c,
-            2 * STEP, COUNT // 2, BLOCK_M, BLOCK_O, BLOCK_C,
-        )  # fmt: skip
-        return tl.join(even, odd)
-
-
-@triton.jit
-def _dense_interleaved_tiles(
-    in_ptr,
-    w_ptr,
-    offs_m,
-    mask_m,
-    blk0,
-    o0,
-    NRED,
-    NOUT,
-    stride_in_m,
-    stride_in_blk,
-    stride_in_c,
-    stride_w_blk,
-    stride_w_o,
-    stride_w_c,
-    BLOCK_J: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_O: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-):
-    """The tiles of blocks ``blk0 + t`` (t < BLOCK_J) as one fp32 ``(BLOCK_M, BLOCK_O *
-    BLOCK_J)`` accumulator, column ``o*BLOCK_J + t`` holding block ``blk0 + t``'s output
-    ``o0 + o``: what ``_interleaved_tiles`` returns, reshaped.
-
-    Each step of one loop reduces BLOCK_C features of one block against that block's
-    weights, loaded into its own columns of a ``(BLOCK_C, BLOCK_O * BLOCK_J)`` operand (zeros
-    in the other blocks' columns). That costs BLOCK_J times the multiply-adds, which narrow,
-    memory-bound blocks have to spare; in exchange the group is one ordinary matmul tile
-    whose loop the compiler pipelines across blocks, so the next blocks' loads are in flight
-    while one block is multiplied (one block at a time, each of its loads waited for, is
-    what the joined tiles compile to).
-    """
-    offs_c = tl.arange(0, BLOCK_C)
-    cols = tl.arange(0, BLOCK_O * BLOCK_J)
-    col_blk = cols % BLOCK_J
-    col_o = o0 + cols // BLOCK_J
-    acc = tl.zeros((BLOCK_M, BLOCK_O * BLOCK_J), dtype=tl.float32)
-    in_rows = in_ptr + offs_m[:, None] * stride_in_m
-    w_cols = w_ptr + col_o[None, :] * stride_w_o
-    steps = tl.cdiv(NRED, BLOCK_C)
-    for step in range(0, BLOCK_J * steps):
-        t = step // steps
-        cc = (step - t * steps) * BLOCK_C + offs_c
-        a = tl.load(
-            in_rows + (blk0 + t) * stride_in_blk + cc[None, :] * stride_in_c,
-            mask=mask_m[:, None] & (cc[None, :] < NRED),
-            other=0.0,
-        )
-        w = tl.load(
-            w_cols + (blk0 + t) * stride_w_blk + cc[:, None] * stride_w_c,
-            mask=(col_blk[None, :] == t) & (cc[:, None] < NRED) & (col_o[None, :] < NOUT),
-            other=0.0,
-        )  # (BLOCK_C, BLOCK_O * BLOCK_J): w[blk0 + t] transposed, in block t's columns
-        acc = tl.dot(a.to(w.dtype), w, acc, input_precision="ieee")
-    return acc
-
-
-@triton.jit
-def _block_group_kernel(
-    in_ptr,
-    w_ptr,
-    out_ptr,
-    B,
-    NBLK,
-    NOUT,
-    NRED,
-    stride_in_m,
-    stride_in_blk,
-    stride_in_c,
-    stride_w_blk,
-    stride_w_o,
-    stride_w_c,
-    stride_out_m,
-    stride_out_blk,
-    stride_out_o: tl.constexpr,
-    BLOCK_J: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_O: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-    DENSE: tl.constexpr = False,
-):
-    """One stage, BLOCK_J consecutive blocks per program, for an output whose block index is
-    the contiguous one (the forward's ``y[b, a*l + j]``).
-
-    The blocks' tiles are joined so that each thread holds BLOCK_J consecutive outputs of one
-    row and feature: one vector store of BLOCK_J elements instead of BLOCK_J scattered ones.
-    ``stride_out_o`` (the block count, for y) is a compile-time constant, so the compiler knows
-    each run starts on a multiple of BLOCK_J and stores it as a vector for block counts that
-    are not multiples of 16 too.
-    ``DENSE`` computes the group as one matmul tile instead (``_dense_interleaved_tiles``).
-    BLOCK_J must divide NBLK (the launcher prunes configs that do not).
-    """
-    pid_m, blk0, o0 = _tile_order(NBLK, NOUT, BLOCK_J, BLOCK_O)
-    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    mask_m = offs_m < B
-    if DENSE:
-        tiles = _dense_interleaved_tiles(
-            in_ptr, w_ptr, offs_m, mask_m, blk0, o0, NRED, NOUT,
-            stride_in_m, stride_in_blk, stride_in_c, stride_w_blk, stride_w_o, stride_w_c,
-            BLOCK_J, BLOCK_M, BLOCK_O, BLOCK_C,
-        )  # fmt: skip
-    else:
-        tiles = _interleaved_tiles(
-            in_ptr, w_ptr, offs_m, mask_m, blk0, o0, NRED, NOUT,
-            stride_in_m, stride_in_blk, stride_in_c, stride_w_blk, stride_w_o, stride_w_c,
-            1, BLOCK_J, BLOCK_M, BLOCK_O, BLOCK_C,
-        )  # fmt: skip
-    acc = tl.reshape(tiles, (BLOCK_M, BLOCK_O, BLOCK_J))
-    offs_o = o0 + tl.arange(0, BLOCK_O)
-    offs_j = blk0 + tl.arange(0, BLOCK_J)
-    out = (
-        out_ptr
-        + offs_m[:, None, None] * stride_out_m
-        + offs_o[None, :, None] * stride_out_o
-        + offs_j[None, None, :] * stride_out_blk
-    )
-    tl.store(
-        out,
-        acc.to(out_ptr.dtype.element_ty),
-        mask=mask_m[:, None, None] & (offs_o[None, :, None] < NOUT),
-    )
-
-
-@triton.jit
-def _monarch_fused_kernel(
-    in_ptr,
-    w1_ptr,
-    w2_ptr,
-    out_ptr,
-    scratch_ptr,
-    B,
-    K1,
-    O1,
-    C1,
-    K2,
-    O2,
-    C2,
-    SLOT_ROWS,
-    stride_in_m,
-    stride_in_blk,
-    stride_in_c,
-    stride_w1_blk,
-    stride_w1_o,
-    stride_w1_c,
-    stride_w2_blk,
-    stride_w2_o,
-    stride_w2_c,
-    stride_out_m,
-    stride_out_blk,
-    stride_out_o,
-    stride_sw_blk,
-    stride_sw_o,
-    stride_sr_blk,
-    stride_sr_c,
-    BLOCK_M: tl.constexpr,
-    BLOCK_O: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-    FULL_SCRATCH: tl.constexpr,
-):
-    """Both stages in one pass over the rows, persistent over row tiles.
-
-    Stage A: ``t[m, blk, o] = sum_c in[m, blk, c] * w1[blk, o, c]``, stored at flat index
-    ``blk*stride_sw_blk + o*stride_sw_o``. Stage B reads element c of its block ``blk`` at
-    flat index ``blk*stride_sr_blk + c*stride_sr_c`` and multiplies by ``w2[blk]``. The flat
-    index strides encode the ``(r l) -> (l r)`` permutation of the forward, or its inverse for
-    the input gradient. Scratch is feature-major: flat index f, row m at ``f*SLOT_ROWS + m``,
-    in a private slot per program, or (FULL_SCRATCH) a ``(K1*O1, B)`` buffer the caller keeps.
-    """
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    slot = scratch_ptr if FULL_SCRATCH else scratch_ptr + pid.to(tl.int64) * SLOT_ROWS * K1 * O1
-    for tile in range(pid, tl.cdiv(B, BLOCK_M), nprog):
-        offs_m = (tile * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-        mask_m = offs_m < B
-        rows = offs_m if FULL_SCRATCH else tl.arange(0, BLOCK_M).to(tl.int64)
-        for blk in range(0, K1):
-            for o0 in range(0, O1, BLOCK_O):
-                acc = _tile_matmul(
-                    in_ptr, w1_ptr, offs_m, mask_m, blk, o0, C1, O1,
-                    stride_in_m, stride_in_blk, stride_in_c,
-                    stride_w1_blk, stride_w1_o, stride_w1_c,
-                    BLOCK_M, BLOCK_O, BLOCK_C,
-                )  # fmt: skip
-                offs_o = o0 + tl.arange(0, BLOCK_O)
-                flat = blk * stride_sw_blk + offs_o * stride_sw_o
-                tl.store(
-                    slot + flat[None, :].to(tl.int64) * SLOT_ROWS + rows[:, None],
-                    acc.to(scratch_ptr.dtype.element_ty),
-                    mask=mask_m[:, None] & (offs_o[None, :] < O1),
-                )
-        # Every thread's stage-A stores must be visible before any thread reads them permuted.
-        # The barrier suffices for global memory within one program: on NVIDIA, bar.sync
-        # orders the CTA's memory accesses; on AMD, all waves of a workgroup share a CU and
-        # its L1 (Triton does not enable tgsplit), and LLVM's AMDGPU memory model adds no
-        # wait for workgroup-scope release/acquire there (a cta-scope release compiles to
-        # nothing beyond the s_barrier in the gfx942 assembly).
-        tl.debug_barrier()
-        for blk in range(0, K2):
-            for o0 in range(0, O2, BLOCK_O):
-                # Stage B's operand is the scratch seen through the permuted flat index.
-                acc = _tile_matmul(
-                    slot, w2_ptr, rows, mask_m, blk, o0, C2, O2,
-                    1, stride_sr_blk * SLOT_ROWS, stride_sr_c * SLOT_ROWS,
-                    stride_w2_blk, stride_w2_o, stride_w2_c,
-                    BLOCK_M, BLOCK_O, BLOCK_C,
-                )  # fmt: skip
-                offs_o = o0 + tl.arange(0, BLOCK_O)
-                out = out_ptr + offs_m[:, None] * stride_out_m + blk * stride_out_blk
-                tl.store(
-                    out + offs_o[None, :] * stride_out_o,
-                    acc.to(out_ptr.dtype.element_ty),
-                    mask=mask_m[:, None] & (offs_o[None, :] < O2),
-                )
-        # The next tile overwrites the slot: wait until every thread has read it.
-        tl.debug_barrier()
 
 
 @triton.jit
@@ -599,100 +316,3 @@ def _sum_splits_kernel(
     tl.store(out1_ptr + cols, acc.to(out1_ptr.dtype.element_ty), mask=mask & first)
     rest = tl.where(first, 0, cols - N1)  # masked lanes keep a valid offset
     tl.store(out2_ptr + rest, acc.to(out2_ptr.dtype.element_ty), mask=mask & ~first)
-
-
-@triton.jit
-def _block_stage_wgrad_kernel(
-    in_ptr,
-    w_ptr,
-    out_ptr,
-    other_ptr,
-    partial_ptr,
-    B,
-    NBLK,
-    NOUT,
-    NRED,
-    ROWS_PER_SPLIT,
-    stride_in_m,
-    stride_in_blk,
-    stride_in_c,
-    stride_w_blk,
-    stride_w_o,
-    stride_w_c,
-    stride_out_m,
-    stride_out_blk,
-    stride_out_o,
-    stride_other_m,
-    stride_other_blk,
-    stride_other_o,
-    stride_p_split,
-    stride_p_blk,
-    stride_p_c,
-    stride_p_o,
-    BLOCK_M: tl.constexpr,
-    BLOCK_O: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-    TRANS_OUT: tl.constexpr = False,
-):
-    """A stage of the input gradient and a weight gradient from the same loads, for narrow
-    blocks (``NOUT <= BLOCK_O``, ``NRED <= BLOCK_C``; the launcher prunes configs that do not
-    cover them):
-
-    * ``out[m, blk, o] = sum_c in[m, blk, c] * w[blk, o, c]``, as ``_block_matmul_kernel``;
-    * ``partial[split, blk, c, o] = sum over the split's rows m of in[m, blk, c] *
-      other[m, blk, o]``, as ``_block_wgrad_kernel``.
-
-    In the backward, ``in`` is dY (then dF), ``w`` is w2 (then w1) transposed by its strides,
-    and ``other`` is the forward's intermediate (then x), whose feature is the stage's output
-    feature. Grid: (splits, NBLK). Each program keeps its block's weights resident, walks its
-    rows in a fixed order and writes its own partial: deterministic, without atomics, and the
-    gradient is read once for both products.
-    """
-    split = tl.program_id(0)
-    blk = tl.program_id(1)
-    offs_o = tl.arange(0, BLOCK_O)
-    offs_c = tl.arange(0, BLOCK_C)
-    mask_o = offs_o < NOUT
-    mask_c = offs_c < NRED
-    w = tl.load(
-        w_ptr + blk * stride_w_blk + offs_c[:, None] * stride_w_c + offs_o[None, :] * stride_w_o,
-        mask=mask_c[:, None] & mask_o[None, :],
-        other=0.0,
-    )  # (BLOCK_C, BLOCK_O): w[blk] transposed by its strides
-    row0 = split * ROWS_PER_SPLIT
-    row_end = tl.minimum(row0 + ROWS_PER_SPLIT, B)
-    acc = tl.zeros((BLOCK_C, BLOCK_O), dtype=tl.float32)
-    for m0 in range(row0, row_end, BLOCK_M):
-        offs_m = (m0 + tl.arange(0, BLOCK_M)).to(tl.int64)
-        mask_m = offs_m < row_end
-        a = tl.load(
-            in_ptr
-            + offs_m[:, None] * stride_in_m
-            + blk * stride_in_blk
-            + offs_c[None, :] * stride_in_c,
-            mask=mask_m[:, None] & mask_c[None, :],
-            other=0.0,
-        ).to(w.dtype)  # (BLOCK_M, BLOCK_C)
-        if TRANS_OUT:  # batch-contiguous output: the tile transposed (_block_matmul_kernel)
-            out = tl.dot(tl.trans(w), tl.trans(a), input_precision="ieee")
-        else:
-            out = tl.dot(a, w, input_precision="ieee")
-        out_blk = out_ptr + blk * stride_out_blk
-        _store_tile(
-            out_blk, out, offs_m, offs_o, mask_m, mask_o, stride_out_m, stride_out_o, TRANS_OUT
-        )
-        g = tl.load(
-            other_ptr
-            + offs_m[:, None] * stride_other_m
-            + blk * stride_other_blk
-            + offs_o[None, :] * stride_other_o,
-            mask=mask_m[:, None] & mask_o[None, :],
-            other=0.0,
-        ).to(w.dtype)  # (BLOCK_M, BLOCK_O)
-        acc = tl.dot(tl.trans(a), g, acc, input_precision="ieee")
-    p = partial_ptr + split * stride_p_split + blk * stride_p_blk
-    tl.store(
-        p + offs_c[:, None] * stride_p_c + offs_o[None, :] * stride_p_o,
-        acc,
-        mask=mask_c[:, None] & mask_o[None, :],
-    )

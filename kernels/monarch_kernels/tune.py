@@ -2,10 +2,11 @@
 
     python -m monarch_kernels.tune --case 4096:64:16384 --dtype bfloat16
 
-Rows: the forward by path and kernel config, and the backward by kernel config (the other
-kinds autotuned). Times are medians of ``triton.testing.do_bench``; ``%floor`` is the minimal
-traffic (x and y once; five activations for the backward) at the bandwidth of a
-device-to-device copy measured in the same run.
+Rows: the forward and backward by stage config, the backward by weight-gradient config (the
+other kind autotuned), then each path autotuned. Times are medians of
+``triton.testing.do_bench``; ``%floor`` is the minimal traffic (x and y once; five
+activations for the backward) at the bandwidth of a device-to-device copy measured in the
+same run.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 import torch
 import triton
 
-from . import backward_launch, forward_launch, triton_launch
+from . import triton_launch
 from .configs import get_configs
 
 
@@ -38,16 +39,14 @@ def _copy_bandwidth(dev: torch.device) -> float:
 def _fmt(cfg: triton.Config) -> str:
     kw = {k: v for k, v in cfg.kwargs.items() if k.startswith("BLOCK_")}
     dims = "/".join(f"{k[6:]}{v}" for k, v in kw.items())
-    dense = " dense" if cfg.kwargs.get("DENSE") else ""
-    parts = f" parts{cfg.kwargs['PARTS']}" if "PARTS" in cfg.kwargs else ""
-    return f"{dims}{dense}{parts} w{cfg.num_warps} s{cfg.num_stages}"
+    return f"{dims} w{cfg.num_warps} s{cfg.num_stages}"
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", default="4096:64:16384", help="n:blocks:batch")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--kinds", default="group,stage,pipeline,fused,wgrad,stage_wgrad")
+    parser.add_argument("--kinds", default="stage,wgrad")
     args = parser.parse_args(argv)
     n, blocks, batch = (int(v) for v in args.case.split(":"))
     dtype = getattr(torch, args.dtype)
@@ -62,7 +61,6 @@ def main(argv: list[str] | None = None) -> None:
         "fwd": 2 * x.numel() * x.element_size() / bw,
         "bwd": 5 * x.numel() * x.element_size() / bw,
     }
-    sms = triton_launch._sm_count(dev)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU (interpreter)"
     print(f"{name}; case n={n} blocks={blocks} batch={batch} {args.dtype}")
     print(
@@ -78,76 +76,24 @@ def main(argv: list[str] | None = None) -> None:
         except Exception as exc:  # a config the chip cannot run is reported, not fatal
             rows.append((what, key, type(exc).__name__, str(exc).splitlines()[0][:60]))
 
-    kinds = args.kinds.split(",")
-    for kind in kinds:
-        # the one-block kernel everywhere when it is the one under test
-        triton_launch.GROUPED = kind != "stage"
-        path = triton_launch.KIND_PATHS[kind]
+    fwd, bwd = triton_launch.monarch_forward, triton_launch.monarch_backward
+    for kind in args.kinds.split(","):
         for cfg in get_configs(kind):
             c = {kind: cfg}
-            if kind in ("group", "stage"):
+            if kind == "stage":
                 add(
-                    f"{kind} {_fmt(cfg)}",
+                    f"stage {_fmt(cfg)}",
                     "fwd",
-                    lambda c=c, p=path: forward_launch.monarch_forward(
-                        x, w1, w2, path=p, configs=c
-                    ),
+                    lambda c=c: fwd(x, w1, w2, path="three_kernel", configs=c),
                 )
-                add(
-                    f"{kind} {_fmt(cfg)}",
-                    "bwd",
-                    lambda c=c, p=path: backward_launch.monarch_backward(
-                        dy, x, w1, w2, path=p, configs=c
-                    ),
-                )
-            elif kind == "pipeline":  # a forward kernel; in the backward its path is chunked
-                for nprog in (sms, 2 * sms, 4 * sms):
-                    add(
-                        f"pipeline {_fmt(cfg)} progs={nprog}",
-                        "fwd",
-                        lambda c=c, p=nprog: forward_launch.monarch_forward(
-                            x, w1, w2, path="pipelined", configs=c, num_programs=p
-                        ),
-                    )
-            elif kind == "fused":
-                for nprog in (sms, 2 * sms):
-                    add(
-                        f"fused {_fmt(cfg)} progs={nprog}",
-                        "fwd",
-                        lambda c=c, p=nprog: forward_launch.monarch_forward(
-                            x, w1, w2, path="fused", configs=c, num_programs=p
-                        ),
-                    )
-                add(
-                    f"fused {_fmt(cfg)}",
-                    "bwd",
-                    lambda c=c: backward_launch.monarch_backward(
-                        dy, x, w1, w2, path="fused", configs=c
-                    ),
-                )
-            else:
-                # stage_wgrad runs only where the config's tile holds a whole block
-                if kind == "stage_wgrad" and not triton_launch._covers(cfg, bs, bs):
-                    continue
-                add(
-                    f"{kind} {_fmt(cfg)}",
-                    "bwd",
-                    lambda c=c, p=path: backward_launch.monarch_backward(
-                        dy, x, w1, w2, path=p, configs=c
-                    ),
-                )
-    triton_launch.GROUPED = True
+            add(
+                f"{kind} {_fmt(cfg)}",
+                "bwd",
+                lambda c=c: bwd(dy, x, w1, w2, path="three_kernel", configs=c),
+            )
     for path in (*triton_launch.PATHS, None):
-        add(
-            f"autotuned, path {path or 'chosen'}",
-            "fwd",
-            lambda p=path: forward_launch.monarch_forward(x, w1, w2, path=p),
-        )
-        add(
-            f"autotuned, path {path or 'chosen'}",
-            "bwd",
-            lambda p=path: backward_launch.monarch_backward(dy, x, w1, w2, path=p),
-        )
+        add(f"autotuned, path {path or 'chosen'}", "fwd", lambda p=path: fwd(x, w1, w2, path=p))
+        add(f"autotuned, path {path or 'chosen'}", "bwd", lambda p=path: bwd(dy, x, w1, w2, path=p))
     width = max(len(r[0]) for r in rows)
     print(f"\n| {'kernel config'.ljust(width)} | pass | ms | %floor |")
     print(f"|{'-' * (width + 2)}|------|----|--------|")
