@@ -169,18 +169,9 @@ class _Notebook:
         )
 
     def start(self, source: str) -> int:
-        return self.page.evaluate(
-            """(source) => {
-              const nb = window.jupyterapp.shell.currentWidget.content;
-              const index = nb.model.cells.length;
-              nb.model.sharedModel.insertCell(index, {cell_type: 'code', source});
-              nb.activeCellIndex = index;
-              nb.deselectAll();
-              window.jupyterapp.commands.execute('notebook:run-cell');
-              return index;
-            }""",
-            source,
-        )
+        from _lab import append_cell  # tests/ is on sys.path once browser_rows runs
+
+        return append_cell(self.page, source, run=True)
 
     def wait(self, index: int, timeout: float = 600) -> str:
         """The cell's output text once it finished."""

@@ -150,3 +150,20 @@ def chromium():
             yield browser
         finally:
             browser.close()
+
+
+_APPEND_CELL_JS = """([source, run]) => {
+  const nb = window.jupyterapp.shell.currentWidget.content;
+  const index = nb.model.cells.length;
+  nb.model.sharedModel.insertCell(index, {cell_type: 'code', source});
+  nb.activeCellIndex = index;
+  nb.deselectAll();
+  if (run) window.jupyterapp.commands.execute('notebook:run-cell');
+  return index;
+}"""
+
+
+def append_cell(page, source: str, run: bool = False) -> int:
+    """A new code cell at the end of the page's current notebook, selected, and run (without
+    waiting) if ``run``; its index. The page is a JupyterLab with ``expose_app``."""
+    return page.evaluate(_APPEND_CELL_JS, [source, run])

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from _lab import ARTIFACTS, Lab
+from _lab import ARTIFACTS, Lab, append_cell
 
 ERROR_TEXTS = (
     "Javascript Error",
@@ -180,17 +180,7 @@ class NotebookPage:
 
     def append(self, source: str) -> int:
         """A new code cell at the end, selected; its index."""
-        return self.page.evaluate(
-            """(source) => {
-              const nb = window.jupyterapp.shell.currentWidget.content;
-              const index = nb.model.cells.length;
-              nb.model.sharedModel.insertCell(index, {cell_type: 'code', source});
-              nb.activeCellIndex = index;
-              nb.deselectAll();
-              return index;
-            }""",
-            source,
-        )
+        return append_cell(self.page, source)
 
     def run(self, source: str, timeout: float = 120) -> dict:
         """Run ``source`` as a new cell; the cell as CELLS_JS describes it."""

@@ -19,6 +19,7 @@ import time
 import _actor_helpers as actor_helpers
 import cloudpickle
 import pytest
+from _kernel import KernelProcess
 from _wait import running, wait_for
 
 import monarch_nb
@@ -251,19 +252,8 @@ def test_interrupted_waits_and_commands_say_what_became_of_them_in_one_line(cell
 
 
 # -- the controlling kernel killed or restarted -------------------------------------------------
-class Kernel:
-    """A real ipykernel process driven through jupyter_client, as JupyterLab drives one."""
-
-    def __init__(self, runtime):
-        from jupyter_client import KernelManager
-
-        env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime)}
-        self.km = KernelManager(kernel_name="python3")
-        self.log = open(runtime / "kernel.log", "w")  # noqa: SIM115
-        self.km.start_kernel(cwd=os.getcwd(), env=env, stdout=self.log, stderr=self.log)
-        self.kc = self.km.client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=60)
+class Kernel(KernelProcess):
+    """The kernel the fault tests restart, kill and start clusters in."""
 
     def restart(self):
         """What the restart button does: a graceful shutdown, then a fresh kernel process on
@@ -296,12 +286,6 @@ class Kernel:
         )
         pid, cluster_id, children = json.loads(out.strip().splitlines()[-1])
         return pid, children, cluster_id
-
-    def close(self):
-        self.kc.stop_channels()
-        if self.km.has_kernel:
-            self.km.shutdown_kernel(now=True)
-        self.log.close()
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import io
 import time
 
 import pytest
-from _lab import ARTIFACTS, Lab, chromium, requires_chromium
+from _lab import ARTIFACTS, Lab, append_cell, chromium, requires_chromium
 
 pytestmark = requires_chromium
 
@@ -42,18 +42,7 @@ OUTPUT_JS = """(index) => {
 
 def run_cell(page, source: str) -> int:
     """Append ``source`` as a code cell and run it (without waiting); its index."""
-    return page.evaluate(
-        """(source) => {
-          const nb = window.jupyterapp.shell.currentWidget.content;
-          const index = nb.model.cells.length;
-          nb.model.sharedModel.insertCell(index, {cell_type: 'code', source});
-          nb.activeCellIndex = index;
-          nb.deselectAll();
-          window.jupyterapp.commands.execute('notebook:run-cell');
-          return index;
-        }""",
-        source,
-    )
+    return append_cell(page, source, run=True)
 
 
 def open_notebook(page, lab: Lab) -> None:

@@ -12,24 +12,14 @@ import signal
 import time
 
 import pytest
+from _kernel import KernelProcess
 
 pytest.importorskip("ipywidgets")
 pytest.importorskip("tqdm")
 
 
-class Kernel:
+class Kernel(KernelProcess):
     """A kernel with a 2-rank cluster; ``run`` returns every iopub message of a cell."""
-
-    def __init__(self, runtime):
-        from jupyter_client import KernelManager
-
-        env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime)}
-        self.km = KernelManager(kernel_name="python3")
-        self.log = open(runtime / "kernel.log", "w")  # noqa: SIM115
-        self.km.start_kernel(cwd=os.getcwd(), env=env, stdout=self.log, stderr=self.log)
-        self.kc = self.km.client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=60)
 
     def start(self, code: str) -> str:
         return self.kc.execute(code)
@@ -66,12 +56,6 @@ class Kernel:
         """What the browser sends to a widget's comm."""
         msg = self.kc.session.msg("comm_msg", {"comm_id": comm_id, "data": data})
         self.kc.shell_channel.send(msg)
-
-    def close(self):
-        self.kc.stop_channels()
-        if self.km.has_kernel:
-            self.km.shutdown_kernel(now=True)
-        self.log.close()
 
 
 def summary(msgs: list[dict]) -> list:
