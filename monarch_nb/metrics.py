@@ -49,6 +49,7 @@ WORKER_PLUGIN = "monarch-metrics"
 EXTENSION = "monarch-metrics"
 FLUSH_INTERVAL = 0.5  # s: each rank sends at most 1 / FLUSH_INTERVAL messages a second
 CATCH_UP = 5.0  # s: the most history() waits for what the ranks logged before it
+RUN_WAIT = 10.0  # s: the most catch_up waits for the workers to take its request
 MAX_ROWS_PER_FLUSH = 1024  # log() rows a worker keeps between flushes; beyond: evenly thinned
 SAMPLES_PER_FLUSH = 64  # telemetry samples kept between flushes (many only if flushes stall)
 
@@ -399,13 +400,14 @@ class MetricsHub:
             except Exception:
                 logger.exception("metrics: a subscriber failed")
 
-    def catch_up(self, timeout: float = CATCH_UP) -> None:
+    def catch_up(self, timeout: float = CATCH_UP, workers: list[str] | None = None) -> None:
         """Have every worker send what its ranks logged so far, and wait (at most ``timeout``)
         until it is here: a history read right after a cell then holds everything the cell
         logged, where the periodic flush would leave up to FLUSH_INTERVAL of it on the way.
         Skipped without a live cluster, and on the client's own event loop (a subscriber's
         callback), which must not wait for itself. Another thread's loop is fine: ipykernel 7
-        runs every cell inside the asyncio loop of the kernel's main thread."""
+        runs every cell inside the asyncio loop of the kernel's main thread. ``workers``
+        (addresses) limits it to those."""
         if self.closed or self.client.status != "running":
             return
         try:
@@ -414,8 +416,12 @@ class MetricsHub:
         except RuntimeError:
             pass
         try:
-            # Bounded: a stopped worker (SIGSTOP) takes the message and never answers.
-            sent = self.client.run(_flush_now, on_error="return", callback_timeout=timeout)
+            # Bounded (a stopped worker takes the message and never answers), but not by
+            # ``timeout``: the first run on fresh workers can take seconds on a loaded machine,
+            # and what it sends is what the caller waits for. ``workers`` leaves out silent ones.
+            sent = self.client.run(
+                _flush_now, workers=workers, on_error="return", callback_timeout=RUN_WAIT
+            )
         except Exception:
             return
         wanted = [v for v in sent.values() if isinstance(v, tuple)]

@@ -180,8 +180,10 @@ class LivePanel:
             if self.frozen is not None:
                 return self.frozen
             try:
-                if not self.ctl.closed:
-                    self.ctl.metrics.catch_up(timeout=2)
+                if not self.ctl.closed:  # ranks that did not answer would not answer this
+                    silent = self.ctl.unanswering
+                    answering = [r.address for r in self.ctl.ranks if r.rank not in silent]
+                    self.ctl.metrics.catch_up(timeout=2, workers=answering)
                 self.refresh()
             except Exception:  # the cluster is gone: the last picture drawn stands
                 pass

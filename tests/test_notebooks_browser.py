@@ -8,6 +8,7 @@ the README's pictures (docs/images/) are written here too, only from views that 
 
 from __future__ import annotations
 
+import asyncio
 import io
 import shutil
 import time
@@ -51,9 +52,12 @@ def lab(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def jp_asyncio_loop():
-    """pytest-jupyter's per-test loop, which it closes after each test, would be the loop that
-    playwright's sync API keeps running in this thread for the module's browser."""
-    yield None
+    """Where pytest-jupyter is loaded (other modules load it), its per-test loop would be the
+    one that playwright's sync API keeps running in this thread for the module's browser, and
+    closing it after each test fails: each test gets a loop of its own instead."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
 
 
 @pytest.fixture(scope="module")

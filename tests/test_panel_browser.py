@@ -59,18 +59,23 @@ def wait_output(page, index: int, test: str, timeout: float) -> dict:
     return page.evaluate(OUTPUT_JS, index)
 
 
+BOX_JS = """(i) => {
+  const cell = window.jupyterapp.shell.currentWidget.content.widgets[i];
+  const el = cell.outputArea.node.querySelector('.monarch-panel');
+  el.scrollIntoView({block: 'center'});
+  const b = el.getBoundingClientRect();
+  return {x: b.x, y: b.y, width: b.width, height: b.height};
+}"""
+
+
 def shot(page, index: int, name: str) -> bytes:
     # the panel's node is replaced at every update: take its box, then the page's pixels
-    box = page.evaluate(
-        """(i) => {
-          const cell = window.jupyterapp.shell.currentWidget.content.widgets[i];
-          const el = cell.outputArea.node.querySelector('.monarch-panel');
-          el.scrollIntoView({block: 'center'});
-          const b = el.getBoundingClientRect();
-          return {x: b.x, y: b.y, width: b.width, height: b.height};
-        }""",
-        index,
-    )
+    box = page.evaluate(BOX_JS, index)
+    deadline = time.monotonic() + 20
+    while not (box["width"] and box["height"]):  # a reopened notebook still laying out
+        assert time.monotonic() < deadline, f"the panel of cell {index} has no size: {box}"
+        page.wait_for_timeout(250)
+        box = page.evaluate(BOX_JS, index)
     png = page.screenshot(clip=box)
     (ARTIFACTS / name).write_bytes(png)
     return png
