@@ -1,6 +1,6 @@
 """Any bokeh figure or layout in a notebook, offline: ``monarch_nb.show(fig)``.
 
-bokeh's own ``show`` after ``output_notebook()`` fetches BokehJS from a CDN, which the
+bokeh's own ``show`` after ``output_notebook`` fetches BokehJS from a CDN, which the
 compute and login nodes of most clusters cannot reach. Here the figure becomes a jupyter_bokeh
 ``BokehModel`` widget, and the lab extension loads BokehJS from the installed bokeh
 (bokeh_static.py), so nothing leaves the machine; changes to the figure's data sources in the
