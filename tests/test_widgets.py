@@ -40,9 +40,18 @@ def texts(html: str) -> list[str]:
     return [t.text or "" for t in svg_of(html).iter(f"{SVG}text")]
 
 
-def test_panel_state_changes_while_a_cell_runs(clean):
-    panel = LivePanel(clean, hz=10)
-    handle = clean.run(
+@pytest.fixture
+def fresh():
+    """A cluster of its own: the shared one's store holds the steps earlier tests logged, and a
+    rank's loss line continues from its last step, so this cell's first steps would not show."""
+    ctl = monarch_nb.up(workers=2, cpu=True, dist=False, current=False)
+    yield ctl
+    ctl.down()
+
+
+def test_panel_state_changes_while_a_cell_runs(fresh):
+    panel = LivePanel(fresh, hz=10)
+    handle = fresh.run(
         "import time\n"
         "from monarch_nb import log\n"
         "for step in range(12):\n"
