@@ -26,7 +26,7 @@ import platform
 import statistics
 import time
 
-from monarch_nb import telemetry
+from monarch_nb.telemetry import samplers as telemetry
 
 
 def probe_name(monitor: telemetry.Monitor) -> str:
@@ -51,7 +51,7 @@ def in_process(hz: float, seconds: float) -> dict:
 
 
 def _sampler_state(engine):
-    from monarch_nb import metrics
+    from monarch_nb.telemetry import metrics
 
     rec = engine.worker.extensions[metrics.EXTENSION]
     monitor = rec._monitor
@@ -61,7 +61,7 @@ def _sampler_state(engine):
 
 def on_workers(seconds: float) -> list[dict]:
     import monarch_nb
-    from monarch_nb import metrics
+    from monarch_nb.telemetry import metrics
 
     ctl = monarch_nb.up(workers=2, cpu=True)
     try:
@@ -115,8 +115,8 @@ def _train(steps, logging):
 def training_overhead(steps: int, repeats: int) -> list[tuple[str, float]]:
     """Median ms per step (mean over the ranks), telemetry + log() + live panel off and on."""
     import monarch_nb
-    from monarch_nb import metrics
-    from monarch_nb.widgets import LivePanel
+    from monarch_nb.notebook.widgets import LivePanel
+    from monarch_nb.telemetry import metrics
 
     ctl = monarch_nb.up(workers=2, cpu=True)
     times: dict[str, list[float]] = {"off": [], "on": []}

@@ -3,7 +3,7 @@
     python benchmarks/bench_training.py [--steps 300] [--repeats 3] [--model monarch|dense]
 
 1. ``torchrun --nproc-per-node 2 train_digits.py``
-2. ``%monarch run train_digits.py`` (``monarch_nb.launch.run_script``) on a 2-rank cluster
+2. ``%monarch run train_digits.py`` (``controller.launch.run_script``) on a 2-rank cluster
 3. a ``%%monarch`` cell that calls the script's ``main()`` inside the cluster's process group
 
 Steps per second are measured inside the script (after a warm-up), so start-up is not counted.
@@ -53,7 +53,7 @@ def _steps(text: str) -> float:
 
 
 def monarch_run(ctl, args: list[str]) -> float:
-    from monarch_nb.launch import run_script
+    from monarch_nb.controller.launch import run_script
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):

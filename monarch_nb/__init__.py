@@ -4,7 +4,7 @@
 ``monarch_nb.connect()`` do the same from plain Python.
 """
 
-from .actors import (
+from monarch_nb.actors import (
     Actor,
     ActorError,
     ActorMesh,
@@ -16,12 +16,20 @@ from .actors import (
     endpoint,
     proc_mesh,
 )
-from .bokeh_display import show
-from .controller import CellHandle, ClusterError, Controller, current
-from .metrics import history, log
-from .results import CellError, CellTimeout, RemoteError, UnserializableResult, ValueMesh
-from .start import connect, up
-from .targets import TargetError, parse_targets
+from monarch_nb.controller.controller import Controller
+from monarch_nb.controller.handles import CellHandle
+from monarch_nb.controller.results import (
+    CellError,
+    CellTimeout,
+    RemoteError,
+    UnserializableResult,
+    ValueMesh,
+)
+from monarch_nb.controller.start import connect, up
+from monarch_nb.controller.targets import TargetError, parse_targets
+from monarch_nb.errors import ClusterError, current
+from monarch_nb.notebook.bokeh_display import show
+from monarch_nb.telemetry.metrics import history, log
 
 __all__ = [
     "Actor",
@@ -56,12 +64,12 @@ __all__ = [
 
 
 def load_ipython_extension(ipython) -> None:
-    from .magic import load
+    from monarch_nb.notebook.magic import load
 
     load(ipython)
 
 
 def unload_ipython_extension(ipython) -> None:
-    from .magic import unload
+    from monarch_nb.notebook.magic import unload
 
     unload(ipython)

@@ -1,4 +1,4 @@
-"""Actor classes for tests/test_actors.py (sent to the workers by value)."""
+"""Actor classes for tests/actors/test_actors.py (sent to the workers by value)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 import time
 
 from monarch_nb.actors import Actor, context, current_rank, current_size, endpoint
-from monarch_nb.actors_worker import current_host
+from monarch_nb.actors.worker import current_host
 
 
 def divide(x):

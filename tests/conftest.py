@@ -22,27 +22,27 @@ def ctl():
 @pytest.fixture
 def clean(ctl):
     """The shared cluster with empty namespaces, made current again."""
-    from monarch_nb import controller as module
+    from monarch_nb.controller import controller as module
 
-    module._set_current(ctl)
+    module.set_current(ctl)
     ctl.reset()
     yield ctl
-    module._set_current(ctl)
+    module.set_current(ctl)
 
 
 @pytest.fixture
 def no_current():
     """No current cluster for the test (the shared one is put back after); a cluster the test
     left current is shut down."""
-    from monarch_nb import controller as module
+    from monarch_nb.controller import controller as module
 
     saved = module.current()
-    module._set_current(None)
+    module.set_current(None)
     yield
     ctl = module.current()
     if ctl is not None and ctl is not saved:
         ctl.down()
-    module._set_current(saved)
+    module.set_current(saved)
 
 
 @pytest.fixture(scope="session")

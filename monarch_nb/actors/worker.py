@@ -1,0 +1,324 @@
+"""Worker side of the actor API: the actors living in this worker process.
+
+Callers (the controller, other workers' actors) open a comm to the ``monarch_actors_attach``
+handler and keep it. The handler reads messages on the worker's event loop and hands each one to
+its actor's own thread, which runs an asyncio loop: a sync endpoint runs to completion there (one
+message at a time, in arrival order), an ``async def`` endpoint becomes a task on that loop. The
+worker's event loop itself never runs user code, so heartbeats keep flowing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import traceback
+from typing import Any
+
+import cloudpickle
+from distributed import WorkerPlugin
+from distributed.comm import CommClosedError
+from distributed.core import Status
+
+from monarch_nb.actors import output as actors_output
+from monarch_nb.actors.actor import Context, Instance, Point, _context, endpoints_of
+from monarch_nb.actors.output import ActorConsole, ActorOutbox
+from monarch_nb.actors.wire import ATTACH, Mailbox, Writer
+from monarch_nb.rank import capture
+
+PLUGIN_NAME = "monarch-actors"
+STOPPED = "the actor was stopped while this call ran"
+logger = logging.getLogger("monarch_nb.actors")
+
+_host: ActorHost | None = None
+
+
+def current_host() -> ActorHost | None:
+    """This process's ActorHost when it is a monarch worker, else None."""
+    return _host
+
+
+class ActorPlugin(WorkerPlugin):
+    """Gives each worker an ActorHost and the attach handler."""
+
+    name = PLUGIN_NAME
+
+    def setup(self, worker) -> None:
+        global _host
+        if _host is None or _host.worker is not worker:
+            _host = ActorHost(worker)
+        worker.handlers[ATTACH] = _host.attach
+
+
+class Channel:
+    """One caller's comm to this worker; ``send`` may be called from any thread."""
+
+    def __init__(self, host: ActorHost, comm):
+        self.comm = comm
+        self.loop = host.loop
+        self.batched = Writer(comm)
+
+    def _send(self, msg: dict) -> None:
+        if not self.comm.closed():
+            self.batched.send(msg)
+
+    def send(self, msg: dict) -> None:
+        with contextlib.suppress(RuntimeError):  # the worker's loop is closing
+            self.loop.call_soon_threadsafe(self._send, msg)
+
+
+class ActorHost:
+    """The actors of this worker process, by mesh id."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self.loop = worker.loop.asyncio_loop
+        self.actors: dict[str, ActorRunner] = {}
+        self._mailbox: Mailbox | None = None
+        self._mailbox_lock = threading.Lock()
+
+    @property
+    def mailbox(self) -> Mailbox:
+        """For this worker's actors calling other actors."""
+        with self._mailbox_lock:
+            if self._mailbox is None:
+                self._mailbox = Mailbox(self.loop, self.worker.connection_args, self._unsolicited)
+            return self._mailbox
+
+    def _unsolicited(self, msg: dict) -> None:
+        """What a mesh that an actor here spawned reports (its output, broadcast failures) goes
+        on to that actor's own owner, and so up to the notebook; where the spawner is gone, to
+        this worker's log."""
+        for runner in list(self.actors.values()):
+            if runner.instance is not None and msg.get("mid") in runner.instance._children:
+                runner.owner._send({**msg, "mid": runner._id})  # the next hop finds its own
+                return
+        if "out" in msg:
+            actors_output.show(msg)
+            return
+        e = msg.get("e", {})
+        logger.error(
+            "broadcast to %s failed on rank %s: %s: %s",
+            msg.get("where"),
+            msg.get("r"),
+            e.get("ename"),
+            e.get("evalue"),
+        )
+
+    async def attach(self, comm, caller: str) -> Status:
+        channel = Channel(self, comm)
+        try:
+            while True:
+                for msg in await comm.read():
+                    self._dispatch(channel, msg)
+        except (CommClosedError, OSError):
+            pass
+        finally:
+            # Actors die with the caller that spawned them (a controller that went away).
+            for mesh_id, runner in list(self.actors.items()):
+                if runner.owner is channel:
+                    del self.actors[mesh_id]
+                    runner.post(channel, {"op": "stop"})
+        return Status.dont_reply
+
+    def _dispatch(self, channel: Channel, msg: dict[str, Any]) -> None:
+        op = msg["op"]
+        if op == "spawn":
+            runner = ActorRunner(self, channel, msg)
+            self.actors[msg["mesh"]] = runner
+            runner.post(channel, msg)
+            return
+        runner = self.actors.get(msg["mesh"])
+        if op == "stop":
+            self.actors.pop(msg["mesh"], None)
+        if runner is not None:
+            runner.post(channel, msg)
+        elif op == "stop":
+            channel._send({"id": msg["id"], "r": msg["r"], "ok": True, "v": None})
+        else:
+            error = _plain_error(f"{msg['where']}: no such actor here (its mesh was stopped)")
+            _reply(channel, channel, msg, error)
+
+
+class ActorRunner:
+    """One actor: its instance and the thread whose asyncio loop runs its endpoints."""
+
+    def __init__(self, host: ActorHost, owner: Channel, spawn: dict[str, Any]):
+        self.host = host
+        self.owner = owner
+        self.name = spawn["name"]
+        self.output = ActorOutbox(host.loop, self._send_output)
+        self._rank, self._id = spawn["r"], spawn["mesh"]
+        self.actor: Any = None
+        self.endpoints: dict[str, Any] = {}
+        self.instance: Instance | None = None
+        self.loop = asyncio.new_event_loop()
+        self._tasks: set[asyncio.Task] = set()
+        self._thread = threading.Thread(
+            target=self._main, name=f"monarch-actor-{self.name}", daemon=True
+        )
+        self._thread.start()
+
+    def post(self, channel: Channel, msg: dict[str, Any]) -> None:
+        with contextlib.suppress(RuntimeError):  # stopped
+            self.loop.call_soon_threadsafe(self._handle, channel, msg)
+
+    def _send_output(self, events: list[dict]) -> None:
+        self.owner._send({"out": events, "r": self._rank, "mesh": self.name, "mid": self._id})
+
+    def _main(self) -> None:
+        capture.route_thread(self.output, ActorConsole(self.output))
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            for task in self._tasks:
+                task.cancel(STOPPED)  # the CancelledError its caller gets says why
+            with contextlib.suppress(Exception):
+                self.loop.run_until_complete(asyncio.sleep(0))
+            self.loop.close()
+            self._stop_children()
+
+    def _stop_children(self) -> None:
+        """Meshes this actor spawned die with it, as its own would with a controller that went
+        away (no one else holds their handles)."""
+        children = self.instance._children if self.instance is not None else {}
+        for mesh in list(children.values()):
+            with contextlib.suppress(RuntimeError):  # this worker is shutting down
+                mesh.stop()
+
+    def _handle(self, channel: Channel, msg: dict[str, Any]) -> None:
+        op = msg["op"]
+        if op == "send":
+            self._call(channel, msg)
+        elif op == "spawn":
+            self._construct(channel, msg)
+        elif op == "stop":
+            if "id" in msg:
+                channel.send({"id": msg["id"], "r": msg["r"], "ok": True, "v": None})
+            self.loop.stop()
+
+    def _construct(self, channel: Channel, msg: dict[str, Any]) -> None:
+        try:
+            _use_rank_device(self.host.worker)
+            cls = cloudpickle.loads(msg["cls"])
+            args, kwargs = cloudpickle.loads(msg["args"])
+            self.endpoints = endpoints_of(cls)
+            rank = Point(msg["pt"], dict(msg["dims"]))
+            self.instance = Instance(self.name, rank, msg["r"])
+            token = _context.set(Context(self.instance, rank))
+            try:
+                actor = cls.__new__(cls)
+                with self._plain_code():
+                    actor.__init__(*args, **kwargs)
+            finally:
+                _context.reset(token)
+            self.actor = actor
+            reply = {"ok": True, "v": None}
+        except BaseException as e:
+            reply = _error(e)
+            self.host.loop.call_soon_threadsafe(self.host.actors.pop, msg["mesh"], None)
+            self.loop.stop()
+        self.output.end_call()
+        _reply(channel, channel, msg, reply)
+
+    def _call(self, channel: Channel, msg: dict[str, Any]) -> None:
+        ep = self.endpoints.get(msg["ep"])
+        token = _context.set(Context(self.instance, Point(msg["pt"], dict(msg["dims"]))))
+        try:
+            if ep is None:  # the caller checks names; a class changed under the same mesh name
+                raise AttributeError(f"{msg['where']} is not an endpoint of this actor")
+            args, kwargs = cloudpickle.loads(msg["args"])
+            if ep.is_async:
+                task = self.loop.create_task(self._call_async(channel, msg, ep, args, kwargs))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+                return
+            with self._plain_code():
+                value = ep.method(self.actor, *args, **kwargs)
+            reply = _value(value)
+        except BaseException as e:
+            reply = _error(e)
+        finally:
+            _context.reset(token)
+        self.output.end_call()
+        _reply(channel, self.owner, msg, reply)
+
+    @contextlib.contextmanager
+    def _plain_code(self):
+        """Run ``__init__`` or a sync endpoint as plain code, as Monarch runs them: no running
+        event loop shows, so ``asyncio.run`` and libraries that run a loop of their own work
+        inside it. The actor's loop cannot move meanwhile anyway: this is its thread."""
+        asyncio._set_running_loop(None)
+        try:
+            yield
+        finally:
+            asyncio.set_event_loop(self.loop)  # asyncio.run leaves none set
+            asyncio._set_running_loop(self.loop)
+
+    async def _call_async(self, channel, msg, ep, args, kwargs) -> None:
+        try:
+            reply = _value(await ep.method(self.actor, *args, **kwargs))
+        except BaseException as e:
+            reply = _error(e)
+        self.output.end_call()
+        _reply(channel, self.owner, msg, reply)
+
+
+def _reply(channel: Channel, owner: Channel, msg: dict, reply: dict) -> None:
+    """Answer a call; a broadcast (no id) only answers failures, to the mesh's owner."""
+    if "id" in msg:
+        channel.send({"id": msg["id"], "r": msg["r"], **reply})
+    elif not reply["ok"]:
+        report = {"r": msg["r"], "mid": msg["mesh"], "where": msg["where"], "broadcast": True}
+        owner.send({**report, **reply})
+
+
+def _value(value: Any) -> dict[str, Any]:
+    try:
+        return {"ok": True, "v": cloudpickle.dumps(value, protocol=5)}
+    except BaseException as e:  # whatever a __reduce__ raises, the call gets its answer
+        return _plain_error(f"the return value ({type(value).__name__}) cannot be pickled: {e}")
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    """The reply for an exception, whatever it does: one whose ``str()`` or pickling raises
+    still answers the call (an unanswered call waits for ever)."""
+    try:
+        te = traceback.TracebackException.from_exception(exc)
+        te.stack = traceback.StackSummary.from_list(
+            [f for f in te.stack if f.filename not in (__file__, cloudpickle.__file__)]
+        )
+        lines = "".join(te.format()).rstrip("\n").splitlines()
+    except Exception:
+        lines = []
+    try:
+        evalue = str(exc)
+    except Exception as e:
+        evalue = f"<str() of the exception raised {type(e).__name__}>"
+    try:
+        blob = cloudpickle.dumps(exc, protocol=5)
+    except BaseException:
+        blob = None
+    error = {"ename": type(exc).__name__, "evalue": evalue, "traceback": lines, "exc": blob}
+    return {"ok": False, "e": error}
+
+
+def _plain_error(text: str) -> dict[str, Any]:
+    error = {"ename": "RuntimeError", "evalue": text, "traceback": [], "exc": None}
+    return {"ok": False, "e": error}
+
+
+def _use_rank_device(worker) -> None:
+    """CUDA's current device is per thread: give the actor's thread its rank's GPU. Called by
+    ``_construct``, so a failure is the spawn's error rather than a dead thread."""
+    engine = worker.extensions.get("monarch")
+    device = getattr(engine, "device_info", {}).get("torch", "cpu")
+    if device.startswith("cuda"):
+        import torch
+
+        try:
+            torch.cuda.set_device(torch.device(device))
+        except Exception as e:
+            raise RuntimeError(f"cannot give this actor's thread {device}: {e}") from e

@@ -1,0 +1,264 @@
+"""torch.distributed over Dask.
+
+Rank 0 opens a TCPStore on a port the OS picks (so two clusters on one machine never collide and
+no MASTER_PORT is left in any environment); every rank then joins the default process group
+through that store, each in its own engine thread, at the same time. ``nccl`` on GPU workers
+(RCCL on ROCm builds of torch), ``gloo`` on CPU workers, unless the user picks one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+from monarch_nb.controller.gathering import gather
+from monarch_nb.controller.output import Renderer
+from monarch_nb.controller.results import CellError, Interrupted
+from monarch_nb.controller.targets import format_ranks
+from monarch_nb.errors import ClusterError
+
+DEFAULT_TIMEOUT = 30.0
+UNSTICK_WAIT = 3.0  # seconds for a rank waiting in a collective to notice its peers left
+
+_store: dict[str, Any] = {}  # on a worker: the TCPStore rank 0 serves
+
+
+class DistError(RuntimeError):
+    """The process group could not form; the cluster stays usable without it."""
+
+
+def default_backend(device_kinds: list[str]) -> str:
+    return "nccl" if device_kinds and all(k in ("cuda", "rocm") for k in device_kinds) else "gloo"
+
+
+def master_host(address: str) -> str:
+    """The host part of rank 0's worker address: the one address every worker can reach."""
+    hostport = address.split("://", 1)[-1]
+    host = hostport.rsplit(":", 1)[0]
+    return host.strip("[]")
+
+
+def form_group(ctl, backend: str | None = None, timeout: float | None = None) -> str:
+    """(Re-)form the default process group over every rank; returns the backend used.
+    ``timeout``: how long a collective may wait for its peers (DEFAULT_TIMEOUT)."""
+    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+    kinds = ctl.call(_device_kind).values()
+    backend = backend or default_backend(kinds)
+    host = master_host(ctl.ranks[0].address)
+    # Every rank leaves the old group at once: a rank destroying a group alone waits for its
+    # unfinished collectives (an interrupted async all_reduce) until the group's timeout, while
+    # the others leaving closes the connections those collectives wait on.
+    ctl.call(_leave)
+    try:
+        port = ctl.call(_open_store, host, ctl.world_size, timeout, targets=[0]).item(0)
+        ctl.call(_join, backend, host, port, timeout)
+    except CellError as e:
+        ctl.call(_leave)
+        first = next(iter(e.errors.values()))
+        raise DistError(
+            f"the {backend} process group could not form ({e.headline}; rank {first.rank}: "
+            f"{first.ename}: {first.evalue}); the cluster is usable without it"
+        ) from None
+    return backend
+
+
+def regroup_after_interrupt(ctl, req, outcomes: dict[int, dict]) -> None:
+    """After an interrupted cell, form the process group again if the ranks stopped at
+    different collectives. A rank interrupted between two collectives leaves a peer waiting
+    in the next one (StillRunning until the group's timeout, then the pairs are closed for
+    good), or ranks stop one collective apart and the next cell's collectives pair up wrongly.
+    Ranks still waiting are set free by closing the group on the others (where nothing else
+    holds it: a DistributedDataParallel model does); then it forms again, at once or, for a
+    rank the group's timeout must free, before the next cell. Only on the notebook's thread:
+    a ``--noblock`` cell's handle leaves the check to the next cell (``form_if_pending``).
+    Whatever goes wrong here, the cell's own outcome is what its caller gets."""
+    if ctl.closed or not ctl.dist_backend or req.kind != "execute":
+        return
+    if len(req.ranks) != ctl.world_size:
+        return
+    stuck = [r for r in req.ranks if r not in outcomes]
+    if len(stuck) == len(req.ranks) or not (stuck or any(map(_interrupted, outcomes.values()))):
+        return  # nothing was interrupted, or every rank is in a C call: no collective between
+    if threading.current_thread() is not threading.main_thread():
+        ctl.regroup_pending = True  # checked, and formed if need be, before the next cell
+        return
+    try:
+        counts = _counts(ctl, req.ranks)
+        if counts is None or len(set(counts)) == 1:
+            return  # unknown, or in step
+        if stuck:
+            ctl.regroup_pending = True  # from here on the group is being taken down
+            ctl.call(_leave, targets=[r for r in req.ranks if r not in stuck])
+            with contextlib.suppress(TimeoutError):
+                gather(req, Renderer(stuck), time.monotonic() + UNSTICK_WAIT, outcomes)
+            for rank in stuck:
+                if rank in outcomes:  # set free: its collective failed, as it was meant to
+                    outcomes[rank] = _SET_FREE
+            still = [r for r in stuck if r not in outcomes]
+            if still:
+                _say(
+                    f"{format_ranks(still)} still waits in a C call (a collective the other "
+                    f"ranks left, say): the {ctl.dist_backend} process group forms again before "
+                    "the next cell, once that rank is free (a collective waits for its peers "
+                    f"until the group's timeout, {DEFAULT_TIMEOUT:g} s unless you chose another)"
+                )
+                return
+            why = "a rank was left waiting in a collective"
+        else:
+            why = "collectives done: " + ", ".join(f"rank {r}: {n}" for r, n in enumerate(counts))
+        _form_again(ctl, f"the interrupt left the ranks out of step ({why})")
+    except KeyboardInterrupt:
+        ctl.regroup_pending = True
+        _say("interrupted while the process group formed again; it forms before the next cell")
+    except Exception as e:  # a rank lost meanwhile, the cluster going down...
+        ctl.regroup_pending = True
+        _say(
+            f"the process group was not formed again after the interrupt ({_short(e)}); "
+            "the next cell tries again"
+        )
+
+
+def form_if_pending(ctl, ranks: list[int]) -> None:
+    """Before a cell on every rank: the group an interrupt may have left out of step (a rank
+    still in a collective, a ``--noblock`` cell interrupted) is checked, and formed again
+    where the ranks' collective counts differ, once a rank still in its collective is free
+    (the cell would wait behind it anyway). Ctrl-C stops waiting; the cell is not sent."""
+    if not ctl.regroup_pending or len(ranks) != ctl.world_size:
+        return
+    busy = sorted(set(ctl._router.busy()))
+    if busy:
+        _say(
+            f"forming the process group again first: waiting for {format_ranks(busy)} "
+            "(interrupt to stop waiting)"
+        )
+    try:
+        counts = _counts(ctl, list(range(ctl.world_size))) if not busy else None
+        if counts is not None and len(set(counts)) == 1 and -1 not in counts:
+            ctl.regroup_pending = False  # in step after all
+            return
+        _form_again(ctl, "after an interrupt the ranks were out of step")
+    except CellError as e:
+        if not e.headline.startswith("interrupted"):
+            raise _controller_error(
+                f"the process group could not form again ({e.headline}); the cell was not sent"
+            ) from None
+        raise Interrupted(
+            "stopped waiting to form the process group again; the cell was not sent (the next "
+            "one tries again)"
+        ) from None
+
+
+def _counts(ctl, ranks: list[int]) -> list[int] | None:
+    """Each rank's count of collectives on the default group, read on its event loop (also
+    while its thread waits in one); None where a rank did not say. Equal counts mean in step:
+    a rank still running then is in some other C call, which the group has nothing to do with."""
+    info = ctl.rank_info(ranks)
+    counts = [info.get(r, {}).get("info", {}).get("collectives") for r in ranks]
+    return None if None in counts else counts
+
+
+def _form_again(ctl, why: str) -> None:
+    ctl.regroup_pending = False
+    try:
+        ctl._form_group()
+    except BaseException:
+        ctl.regroup_pending = True
+        raise
+    if ctl.dist_backend:
+        _say(
+            f"{why}; the {ctl.dist_backend} process group was formed again (wrap models in "
+            "DistributedDataParallel again)"
+        )
+    else:
+        _say(f"the process group could not form again: {ctl.dist_error}")
+
+
+def _short(e: BaseException) -> str:
+    return (getattr(e, "headline", None) or str(e) or type(e).__name__).splitlines()[0]
+
+
+def _controller_error(text: str) -> Exception:
+
+    return ClusterError(text)
+
+
+_SET_FREE = {
+    "ev": "done",
+    "status": "error",
+    "error": {
+        "ename": "KeyboardInterrupt",
+        "evalue": "interrupted while it waited in a collective the other ranks had left",
+        "traceback": [],
+    },
+}
+
+
+def _interrupted(ev: dict) -> bool:
+    return ev.get("status") == "error" and ev["error"].get("ename") == "KeyboardInterrupt"
+
+
+def _say(text: str) -> None:
+    print(f"monarch-nb: {text}", file=sys.stderr, flush=True)
+
+
+def _device_kind(engine) -> str:
+    return engine.device_info.get("kind", "cpu")
+
+
+def _open_store(engine, host: str, world_size: int, timeout: float) -> int:
+    import torch.distributed as dist
+
+    _leave(engine)
+    # Listen on rank 0's worker address only: a TCPStore left to itself listens on every
+    # interface, which would expose the store beyond 127.0.0.1 on a local cluster.
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, 0))
+        sock.listen(max(128, world_size))
+        port = sock.getsockname()[1]
+    except OSError:
+        sock.close()
+        raise
+    store = dist.TCPStore(
+        host,
+        port,
+        world_size,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=timeout),
+        master_listen_fd=sock.detach(),
+    )
+    _store["master"] = store
+    return store.port
+
+
+def _join(engine, backend: str, host: str, port: int, timeout: float) -> None:
+    import torch.distributed as dist
+
+    rank, world_size = engine.identity["rank"], engine.identity["world_size"]
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if rank == 0:
+        store = _store["master"]
+    else:
+        store = dist.TCPStore(
+            host, port, world_size, is_master=False, timeout=timedelta(seconds=timeout)
+        )
+    dist.init_process_group(
+        backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout)
+    )
+
+
+def _leave(engine) -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _store.pop("master", None)

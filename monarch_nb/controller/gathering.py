@@ -1,0 +1,167 @@
+"""Gathering a request's events from the ranks, and settling the outcomes into a result.
+
+``gather`` feeds each rank's output to the renderer until every rank is done, and stops only
+between two events (a Ctrl-C or the deadline never loses one). ``settle`` turns the ranks'
+outcomes into a ``ValueMesh``, or raises ``CellError`` / ``CellTimeout`` carrying the values
+that did arrive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import cloudpickle
+
+from monarch_nb.controller.links import Request
+from monarch_nb.controller.output import Renderer
+from monarch_nb.controller.results import (
+    CellError,
+    CellTimeout,
+    RemoteError,
+    UnserializableResult,
+    ValueMesh,
+)
+from monarch_nb.controller.targets import format_ranks
+
+
+def gather(
+    req: Request,
+    renderer: Renderer,
+    deadline: float | None = None,
+    outcomes: dict[int, dict] | None = None,
+    stop: threading.Event | None = None,
+    quiet: float | None = None,
+) -> dict[int, dict]:
+    """Events of ``req`` until every rank is done; raises TimeoutError at ``deadline`` or once
+    ``quiet`` seconds pass without an event, and KeyboardInterrupt once ``stop`` is set, always
+    between two events, so none is lost."""
+    outcomes = {} if outcomes is None else outcomes
+    last = time.monotonic()
+    try:
+        while len(outcomes) < len(req.ranks):
+            if stop is not None and stop.is_set():
+                raise KeyboardInterrupt
+            now = time.monotonic()
+            until = min(
+                deadline if deadline is not None else float("inf"),
+                last + quiet if quiet is not None else float("inf"),
+            )
+            if now >= until:
+                raise TimeoutError
+            try:
+                rank, ev = req.events.get(timeout=min(0.1, until - now))
+            except queue.Empty:
+                renderer.tick()
+                continue
+            last = time.monotonic()
+            if ev["ev"] == "done":
+                outcomes[rank] = ev
+            else:
+                renderer.feed(rank, ev)
+    finally:
+        renderer.close()
+    return outcomes
+
+
+def settle(
+    ranks: list[int],
+    hosts: Mapping[int, str],
+    outcomes: dict[int, dict],
+    stopped=None,
+    timeout=None,
+):
+    values: dict[int, Any] = {}
+    errors: dict[int, RemoteError] = {}
+    for rank in ranks:
+        host = hosts[rank]
+        ev = outcomes.get(rank)
+        if ev is None:
+            errors[rank] = RemoteError(
+                rank,
+                host,
+                "StillRunning",
+                "did not stop after the interrupt (stuck in a C call?); "
+                "try %monarch interrupt again, or %monarch restart for fresh workers",
+                [],
+            )
+        elif ev["status"] == "ok":
+            values[rank] = _unpack(rank, ev)
+        elif ev["status"] == "error":
+            errors[rank] = RemoteError(rank, host, **ev["error"])
+        elif ev["status"] == "unanswered":
+            errors[rank] = RemoteError(rank, host, "NotAnswering", ev["why"], [])
+        else:
+            lost = ev["status"] == "lost"
+            errors[rank] = RemoteError(
+                rank,
+                host,
+                "WorkerLost" if lost else "Cancelled",
+                f"on {host}: {why(ev)}" if lost else why(ev),
+                [],
+            )
+    if not errors:
+        return ValueMesh(values)
+    if stopped is None:
+        raise CellError(errors, ValueMesh(values), ranks)
+    reason, running = stopped
+    if reason == "timeout":
+        were = "was" if len(running) == 1 else "were"
+        raise CellTimeout(
+            errors,
+            ValueMesh(values),
+            ranks,
+            f"the cell ran past --timeout {timeout:g} s; {format_ranks(running)} "
+            f"{were} still running and {were} interrupted",
+        )
+    raise CellError(errors, ValueMesh(values), ranks, f"interrupted {format_ranks(running)}")
+
+
+@contextlib.contextmanager
+def sigint_sets(stop: threading.Event | None = None):
+    """While gathering on the main thread, Ctrl-C (the kernel's interrupt, SIGINT) sets an
+    Event instead of raising wherever the main thread happens to be: a KeyboardInterrupt inside
+    a library callback is swallowed, and one between taking an event and showing it loses it.
+    ``stop``: an Event of the caller's to use (a background cell's handle sets it)."""
+    stop = threading.Event() if stop is None else stop
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _unpack(rank: int, ev: dict[str, Any]) -> Any:
+    if "value_error" in ev:
+        return UnserializableResult(rank, ev["value_error"])
+    if "value" not in ev:
+        return ev.get("info")
+    try:
+        return cloudpickle.loads(ev["value"])
+    except Exception as e:
+        return UnserializableResult(
+            rank, f"cannot unpickle on the controller: {type(e).__name__}: {e}"
+        )
+
+
+def why(ev: dict[str, Any]) -> str:
+    if ev["status"] == "lost":
+        why = ev.get("why", "connection lost")
+        if ev.get("ended_here"):  # the notebook ended it: down or restart, no advice needed
+            return why
+        return f"the worker is gone: {why} (if no replacement joins, %monarch restart)"
+    if ev["status"] == "cancelled":
+        return ev.get("why", "cancelled before it started")
+    if ev["status"] == "unanswered":
+        return ev["why"]
+    err = ev.get("error") or {}
+    return f"{err.get('ename')}: {err.get('evalue')}"

@@ -1,0 +1,92 @@
+"""``CellHandle``: a cell started with ``--noblock`` (``block=False``)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import TYPE_CHECKING, Any
+
+from monarch_nb.controller.links import Request
+from monarch_nb.controller.output import ConsoleSink, Renderer
+from monarch_nb.controller.results import Interrupted, ValueMesh
+from monarch_nb.controller.targets import format_ranks
+
+if TYPE_CHECKING:
+    from monarch_nb.controller.controller import Controller
+
+
+class CellHandle:
+    """A cell started with ``block=False`` (``--noblock``): output keeps arriving while the
+    notebook stays usable."""
+
+    def __init__(self, ctl: Controller, req: Request, renderer: Renderer, timeout: float | None):
+        self._ctl, self._req = ctl, req
+        self._done = threading.Event()
+        # interrupt() sets it: the follower stops waiting for ranks that cannot answer (a
+        # stopped process) after the grace an interrupt gives, as Ctrl-C does for a cell.
+        self._stop = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._sink = renderer.sink
+        self._thread = threading.Thread(
+            target=self._follow, args=(renderer, timeout), daemon=True, name=f"monarch-{req.id}"
+        )
+        self._thread.start()
+
+    def _follow(self, renderer: Renderer, timeout: float | None) -> None:
+        try:
+            outcomes, stopped = self._ctl._collect(self._req, renderer, timeout, self._stop)
+            self._value = self._ctl._settle(self._req, outcomes, stopped, timeout)
+        except BaseException as e:
+            self._error = e
+        finally:
+            finish = getattr(self._sink, "finish", None)
+            if finish is not None:  # the cell's display says how it ended
+                with contextlib.suppress(Exception):
+                    finish(self._ending())
+            self._done.set()
+
+    def _ending(self) -> str:
+        ranks = format_ranks(self._req.ranks)
+        if self._error is None:
+            return f"[{ranks}] done"
+        headline = getattr(self._error, "headline", None) or type(self._error).__name__
+        return f"[{ranks}] {headline}: handle.result() raises it"
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._done.wait(timeout)
+
+    def result(self, timeout: float | None = None) -> ValueMesh:
+        try:
+            done = self._done.wait(timeout)
+        except KeyboardInterrupt:
+            raise Interrupted(
+                f"stopped waiting for the cell; it goes on running on "
+                f"{format_ranks(self._req.ranks)} (handle.interrupt() stops it)"
+            ) from None
+        if not done:
+            raise TimeoutError(f"the cell is still running on {format_ranks(self._req.ranks)}")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def interrupt(self) -> None:
+        self._ctl._send_interrupt(self._req.ranks, self._req.id)
+        self._stop.set()
+
+    @property
+    def output(self) -> list[str]:
+        """Every line the cell printed so far, tagged by rank (in a Jupyter kernel)."""
+        return list(getattr(self._sink, "lines_out", []))
+
+    def display_outputs(self) -> None:
+        """Show the rich outputs (figures, HTML) the cell produced, tagged by rank."""
+        for ranks, data, metadata, _ in getattr(self._sink, "rich", []):
+            ConsoleSink().display(ranks, data, metadata)
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "running"
+        return f"<CellHandle {self._req.id} on {format_ranks(self._req.ranks)}: {state}>"

@@ -1,0 +1,259 @@
+"""Controller side of the wire: one comm per rank, straight to the worker's engine.
+
+Requests go out on each rank's data path straight from the calling thread; events come back on
+the same socket, read by one Reader thread and routed by request id to the Request's queue,
+where the controller's thread (the notebook's main thread) picks them up. Interrupt and info
+travel on a distributed comm, so they reach a rank whose thread is busy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import queue
+import selectors
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from distributed.comm import CommClosedError, connect
+
+from monarch_nb.wire import FrameConn, Writer
+
+_ids = itertools.count(1)
+
+
+def new_id(kind: str) -> str:
+    return f"{kind}-{next(_ids)}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class RankInfo:
+    rank: int
+    name: Any
+    address: str
+    host: str
+    local_rank: int = 0
+    alive: bool = True
+    # Tells two worker processes at one address apart (a restart with fixed ports): the
+    # worker's scratch directory, which Dask makes afresh for every worker process.
+    incarnation: str = ""
+
+
+class Request:
+    """One dispatch to a set of ranks; ``events`` receives ``(rank, event)`` in arrival order."""
+
+    def __init__(self, kind: str, ranks: list[int]):
+        self.id = new_id(kind)
+        self.kind = kind
+        self.ranks = list(ranks)
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
+        self.remaining = set(ranks)  # updated on the event loop
+        self.status: dict[int, str] = {}  # rank -> "ok" / "error" / "lost" / ..., once done
+        self.t0 = time.time()
+
+
+class Router:
+    """Live requests by id; the links deliver events here from the event loop."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._requests: dict[str, Request] = {}
+        self.comms = None  # the CommRelay that widgets' comm events go to (comm_relay.py)
+
+    def add(self, request: Request) -> None:
+        with self._lock:
+            self._requests[request.id] = request
+
+    def deliver(self, rank: int, ev: dict[str, Any]) -> None:
+        if ev["ev"] == "comm":  # a widget's, whichever cell (if any) it came in
+            if self.comms is not None:
+                self.comms.deliver(rank, ev)
+            return
+        if ev["ev"] == "done" and self.comms is not None:
+            self.comms.flush()  # the rank's widgets show their last state before its end
+        with self._lock:
+            req = self._requests.get(ev["id"])
+            if req is None:
+                return
+            if ev["ev"] == "done":
+                req.status[rank] = ev["status"]
+                req.remaining.discard(rank)
+                if not req.remaining:
+                    del self._requests[req.id]
+        req.events.put((rank, ev))
+
+    def lost(self, rank: int, why: str) -> None:
+        """Finish every request still waiting on ``rank``: its worker is gone."""
+        with self._lock:
+            waiting = [r for r in self._requests.values() if rank in r.remaining]
+        for req in waiting:
+            self.deliver(rank, {"ev": "done", "id": req.id, "status": "lost", "why": why})
+        if self.comms is not None:
+            self.comms.lost(rank)
+
+    def busy(self, kind: str = "execute") -> dict[int, str]:
+        """Ranks with an unfinished request of ``kind``, and that request's id."""
+        with self._lock:
+            return {
+                rank: req.id
+                for req in self._requests.values()
+                if req.kind == kind
+                for rank in req.remaining
+            }
+
+
+class Link:
+    """The controller's two connections to one rank's engine: a distributed comm for control
+    (interrupt, info; its closing means the worker is gone), opened on the client's event loop,
+    and the data path (a FrameConn) that any thread writes requests to and the Reader reads."""
+
+    def __init__(self, info: RankInfo, router: Router, on_lost=None):
+        self.info = info
+        self.router = router
+        self.on_lost = on_lost  # called with (rank, why) when the worker goes away
+        self.closing = False
+        self.comm = None
+        self.writer: Writer | None = None
+        self.conn: FrameConn | None = None
+        self.reader: asyncio.Future | None = None
+        self._gone = False
+        self._lock = threading.Lock()
+
+    async def open(self, controller: str, connection_args: dict[str, Any]) -> None:
+        """The handshake: attach over the control comm, then connect the data path."""
+        self.comm = await connect(self.info.address, **connection_args)
+        await self.comm.write({"op": "monarch_attach", "reply": False, "controller": controller})
+        hello = await self.comm.read()
+        self.writer = Writer(self.comm)
+        host = self.info.address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+        loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setblocking(False)
+        await loop.sock_connect(sock, (host, hello["port"]))
+        sock.setblocking(True)
+        ssl_context = connection_args.get("ssl_context")
+        if self.info.address.startswith("tls://") and ssl_context is not None:
+            sock = ssl_context.wrap_socket(sock, server_hostname=None)
+        self.conn = FrameConn(sock)
+        self.conn.send({"controller": controller, "token": hello["token"]})
+
+    async def read_forever(self) -> None:
+        """Watch the control comm: the worker sends nothing on it, so its end is the news."""
+        why = "its connection closed"
+        try:
+            while True:
+                await self.comm.read()
+        except (CommClosedError, OSError) as e:
+            why = f"its connection closed ({type(e).__name__})"
+        finally:
+            self.gone(why)
+
+    def gone(self, why: str) -> None:
+        """The worker went away (seen on either connection); reported once."""
+        with self._lock:
+            if self._gone:
+                return
+            self._gone = True
+        self.info.alive = False
+        self.router.lost(self.info.rank, why)
+        if self.on_lost is not None and not self.closing:
+            self.on_lost(self.info.rank, why)
+
+    def send(self, msg: dict[str, Any]) -> None:
+        """A request on the data path (any thread)."""
+        try:
+            if self.conn is None or self._gone:
+                raise ConnectionError("not connected")
+            self.conn.post(msg)  # never blocks: see FrameConn.post
+        except OSError as e:
+            self.router.deliver(
+                self.info.rank,
+                {"ev": "done", "id": msg.get("id", ""), "status": "lost", "why": str(e)},
+            )
+
+    def control(self, msg: dict[str, Any]) -> None:
+        """A control message (interrupt, info); runs on the client's event loop."""
+        if self.writer is None or self.comm is None or self.comm.closed():
+            self.router.deliver(
+                self.info.rank,
+                {"ev": "done", "id": msg.get("id", ""), "status": "lost", "why": "not connected"},
+            )
+            return
+        self.writer.send(msg)
+
+    async def close(self) -> None:
+        self.closing = True
+        self.gone("the controller closed its connection")  # before a new link takes the rank
+        if self.writer is not None:
+            with contextlib.suppress(Exception):
+                await self.writer.flush(timeout=2)
+        if self.conn is not None:
+            self.conn.shutdown()
+        if self.comm is not None and not self.comm.closed():
+            self.comm.abort()
+
+
+class Reader:
+    """The controller's thread that reads every rank's data path and routes the events."""
+
+    def __init__(self, router: Router):
+        self.router = router
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._sel.register(self._wake_r, selectors.EVENT_READ)
+        self._added: list[Link] = []
+        self._lock = threading.Lock()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="monarch-reader", daemon=True)
+        self._thread.start()
+
+    def add(self, link: Link) -> None:
+        with self._lock:
+            self._added.append(link)
+        self._wake_w.send(b"x")
+
+    def stop(self) -> None:
+        self._stop = True
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    def _run(self) -> None:
+        while not self._stop:
+            for key, _ in self._sel.select():
+                if key.fileobj is self._wake_r:
+                    with contextlib.suppress(OSError):
+                        self._wake_r.recv(4096)
+                    with self._lock:
+                        added, self._added = self._added, []
+                    for link in added:
+                        self._sel.register(link.conn, selectors.EVENT_READ, link)
+                        for batch in link.conn.backlog:
+                            self._deliver(link, batch)
+                    continue
+                link = key.data
+                try:
+                    batches = link.conn.feed()
+                except OSError:
+                    batches = None
+                if batches is None:
+                    self._sel.unregister(key.fileobj)
+                    link.conn.close()
+                    link.gone("its connection closed")
+                    continue
+                for batch in batches:
+                    self._deliver(link, batch)
+        for key in list(self._sel.get_map().values()):
+            if key.fileobj is not self._wake_r:
+                key.data.conn.close()
+        self._sel.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def _deliver(self, link: Link, batch: list[dict[str, Any]]) -> None:
+        for ev in batch:
+            self.router.deliver(link.info.rank, ev)

@@ -1,0 +1,387 @@
+"""Controller side: show what the ranks print, tagged by rank, in the notebook or terminal.
+
+The same line printed by several ranks within ``window`` seconds is shown once, tagged with all
+of them (``[ranks 0-3] loss 0.5``); lines stay in order per rank. With ``stream=False`` output is
+held until the cell ends and shown grouped by rank.
+
+``clear_output()`` on a rank clears the cell's output, as in a kernel: what the rank printed before
+it is shown first, and ranks that clear together clear once. With ``stream=False`` it clears
+what that rank printed before.
+"""
+
+from __future__ import annotations
+
+import bisect
+import sys
+import time
+from collections import deque
+from typing import Any
+
+from monarch_nb.controller.targets import format_ranks
+
+COLLAPSE_WINDOW = 0.2  # seconds a line waits for the same line from the other ranks
+PROGRESS_REFRESH = 0.25
+
+
+def _tag(ranks) -> str:
+    return f"[{format_ranks(ranks)}]"
+
+
+class ConsoleSink:
+    """Writes to sys.stdout/sys.stderr and IPython's display; a live line for progress bars."""
+
+    def __init__(self):
+        self._progress: dict[tuple[int, str], str] = {}
+        self._handle = None
+        self._shown = ""
+        self._last = 0.0
+
+    def lines(self, name: str, text: str) -> None:
+        stream = sys.stderr if name == "stderr" else sys.stdout
+        stream.write(text)
+        stream.flush()
+
+    def display(
+        self, ranks, data: dict[str, Any], metadata: dict[str, Any], display_id=None, update=False
+    ) -> None:
+        """A rank's rich output under its rank tag; with ``update``, in place of the output
+        shown earlier with the same ``display_id`` (no new tag)."""
+        if not update:
+            sys.stdout.write(_tag(ranks) + "\n")
+            sys.stdout.flush()
+        try:
+            from IPython import get_ipython
+            from IPython.display import display
+        except ImportError:
+            get_ipython = None
+        if get_ipython is not None and get_ipython() is not None:
+            extra = {"display_id": display_id, "update": update} if display_id else {}
+            display(data, raw=True, metadata=metadata, **extra)
+        else:
+            prefix = f"{_tag(ranks)} " if update else ""
+            sys.stdout.write(prefix + str(data.get("text/plain", "")) + "\n")
+
+    def progress(self, rank: int, name: str, text: str | None) -> None:
+        if text:
+            self._progress[(rank, name)] = text
+        else:
+            self._progress.pop((rank, name), None)
+
+    def clear(self, wait: bool) -> None:
+        """IPython's clear_output in the notebook (the live progress line goes with it)."""
+        try:
+            from IPython import get_ipython
+            from IPython.display import clear_output
+        except ImportError:
+            return
+        if get_ipython() is not None:
+            clear_output(wait=wait)
+            self._handle, self._shown = None, ""
+
+    def refresh(self, final: bool = False) -> None:
+        now = time.monotonic()
+        if not final and now - self._last < PROGRESS_REFRESH:
+            return
+        self._last = now
+        text = (
+            ""
+            if final
+            else "\n".join(f"[rank {r}] {t}" for (r, _), t in sorted(self._progress.items()))
+        )
+        if text == self._shown:
+            return
+        kernel_display = _kernel_display()
+        if kernel_display is None:
+            return
+        bundle = {"text/plain": text}
+        if self._handle is None:
+            if not text:
+                return
+            self._handle = kernel_display(bundle, raw=True, display_id=True)
+        else:
+            self._handle.update(bundle, raw=True)
+        self._shown = text
+
+
+class LiveSink:
+    """Output of a ``--noblock`` cell in a Jupyter kernel: one display in the cell that started
+    it, updated in place by display id (output printed after a cell has finished would be
+    dropped by the frontend). Every line is kept in ``lines``; rich outputs in ``rich``."""
+
+    MAX_SHOWN = 500
+
+    def __init__(self, kernel_display, title: str):
+        self.title = title
+        self.lines_out: list[str] = []
+        self.rich: list[tuple[list[int], dict, dict]] = []
+        self._progress: dict[tuple[int, str], str] = {}
+        self._dirty = False
+        self._last = 0.0
+        self._shown_from = 0  # lines before it were cleared from the display (kept in lines_out)
+        self._ending: str | None = None
+        self._handle = kernel_display({"text/plain": title}, raw=True, display_id=True)
+
+    def lines(self, name: str, text: str) -> None:
+        self.lines_out.extend(text.splitlines())
+        self._dirty = True
+
+    def display(
+        self, ranks, data: dict[str, Any], metadata: dict[str, Any], display_id=None, update=False
+    ) -> None:
+        if update:  # shown with display_outputs(): the latest version in place of the first
+            for i, (_, _, _, shown_id) in enumerate(self.rich):
+                if shown_id == display_id:
+                    self.rich[i] = (list(ranks), data, metadata, display_id)
+            return
+        self.rich.append((list(ranks), data, metadata, display_id))
+        kinds = ", ".join(sorted(data))
+        self.lines_out.append(f"{_tag(ranks)} <{kinds} output: handle.display_outputs() shows it>")
+        self._dirty = True
+
+    def progress(self, rank: int, name: str, text: str | None) -> None:
+        if text:
+            self._progress[(rank, name)] = text
+        else:
+            self._progress.pop((rank, name), None)
+        self._dirty = True
+
+    def finish(self, ending: str) -> None:
+        """The cell ended: the display's last line says how (a failure would otherwise show
+        nowhere); not one of the lines the cell printed."""
+        self._ending = ending
+        self._dirty = True
+        self.refresh(final=True)
+
+    def clear(self, wait: bool) -> None:
+        """The display shows only what comes after; ``handle.output`` keeps every line."""
+        self._shown_from = len(self.lines_out)
+        self._dirty = True
+
+    def refresh(self, final: bool = False) -> None:
+        now = time.monotonic()
+        if not self._dirty or (not final and now - self._last < PROGRESS_REFRESH):
+            return
+        self._last, self._dirty = now, False
+        shown = self.lines_out[max(self._shown_from, len(self.lines_out) - self.MAX_SHOWN) :]
+        head = []
+        if self._shown_from:
+            head = [f"... clear_output() hid {_count(self._shown_from)} (handle.output has all)"]
+        if len(self.lines_out) - self._shown_from > len(shown):
+            hidden = len(self.lines_out) - self._shown_from - len(shown)
+            head.append(f"... {_count(hidden, 'earlier line')} (handle.output has all)")
+        live = [] if final else [f"[rank {r}] {t}" for (r, _), t in sorted(self._progress.items())]
+        end = [self._ending] if self._ending else []
+        self._handle.update({"text/plain": "\n".join(head + shown + live + end)}, raw=True)
+
+
+def _count(n: int, what: str = "line") -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+def live_sink(title: str) -> LiveSink | None:
+    """A LiveSink where a Jupyter kernel will show it, else None (print as usual)."""
+    kernel_display = _kernel_display()
+    return LiveSink(kernel_display, title) if kernel_display is not None else None
+
+
+def _kernel_display():
+    """IPython's display where a Jupyter kernel will show live updates; else None."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        return None
+    shell = get_ipython()
+    return display if shell is not None and getattr(shell, "kernel", None) is not None else None
+
+
+_CLEAR = "\0clear"  # an entry's stream name for clear_output, which ranks collapse like lines
+
+
+class _Entry:
+    __slots__ = (
+        "data",
+        "display_id",
+        "kind",
+        "metadata",
+        "name",
+        "ranks",
+        "seq",
+        "t",
+        "text",
+        "update",
+    )
+
+    def __init__(self, seq, kind, name, text, rank, t, data=None, metadata=None):
+        self.seq, self.kind, self.name, self.text = seq, kind, name, text
+        self.ranks = [rank]
+        self.t = t
+        self.data, self.metadata = data, metadata
+        self.display_id, self.update = None, False  # a display shown again in place
+
+
+class _Bucket:
+    """Pending entries with the same text, in sequence order; flushed from the front."""
+
+    __slots__ = ("entries", "head")
+
+    def __init__(self):
+        self.entries: list[_Entry] = []
+        self.head = 0
+
+    def first_after(self, seq: int) -> _Entry | None:
+        i = bisect.bisect_right(self.entries, seq, lo=self.head, key=lambda e: e.seq)
+        return self.entries[i] if i < len(self.entries) else None
+
+    def pop_front(self) -> None:
+        self.head += 1
+        if self.head > 64 and self.head * 2 > len(self.entries):
+            del self.entries[: self.head]
+            self.head = 0
+
+    def __len__(self) -> int:
+        return len(self.entries) - self.head
+
+
+class Renderer:
+    """Turns rank events (stream, display, progress) into tagged output on a sink."""
+
+    def __init__(
+        self,
+        ranks: list[int],
+        sink=None,
+        collapse: bool = True,
+        stream: bool = True,
+        window: float = COLLAPSE_WINDOW,
+    ):
+        self.ranks = list(ranks)
+        self.sink = sink or ConsoleSink()
+        self.collapse = collapse and len(self.ranks) > 1
+        self.stream = stream
+        self.window = window
+        self._pending: deque[_Entry] = deque()
+        self._by_key: dict[tuple[str, str], _Bucket] = {}
+        self._last_seq: dict[int, int] = {}
+        self._seq = 0
+        self._held: dict[int, list[_Entry]] = {r: [] for r in self.ranks}
+
+    def feed(self, rank: int, ev: dict[str, Any]) -> None:
+        kind = ev["ev"]
+        now = time.monotonic()
+        if kind == "progress":
+            if self.stream:
+                self.sink.progress(rank, ev["name"], ev["text"])
+            return
+        if kind == "stream":
+            if self.stream:
+                self.sink.progress(rank, ev["name"], None)
+            for line in ev["lines"]:
+                self._add(rank, _Entry(0, "line", ev["name"], line, rank, now))
+        elif kind == "display":
+            entry = _Entry(0, "display", "", "", rank, now, ev["data"], ev["metadata"])
+            entry.display_id, entry.update = ev.get("display_id"), ev.get("update", False)
+            self._add(rank, entry)
+        elif kind == "clear":
+            if self.stream:
+                for name in ("stdout", "stderr"):
+                    self.sink.progress(rank, name, None)
+            self._add(rank, _Entry(0, "clear", _CLEAR, "wait" if ev["wait"] else "", rank, now))
+        self.tick()
+
+    def _add(self, rank: int, entry: _Entry) -> None:
+        if not self.stream:
+            if entry.kind == "clear":
+                self._held[rank].clear()
+            else:
+                self._held[rank].append(entry)
+            return
+        key = (entry.name, entry.text)
+        if self.collapse and entry.kind != "display":
+            # Every entry holding this rank is at or before its last seq, so the first later
+            # entry with the same text is the one to join; joining keeps per-rank order.
+            bucket = self._by_key.get(key)
+            candidate = bucket.first_after(self._last_seq.get(rank, -1)) if bucket else None
+            if candidate is None and bucket:
+                candidate = self._move_to_end(bucket.entries[-1], rank)
+            if candidate is not None:
+                candidate.ranks.append(rank)
+                self._last_seq[rank] = candidate.seq
+                return
+        self._seq += 1
+        entry.seq = self._seq
+        self._last_seq[rank] = entry.seq
+        self._pending.append(entry)
+        if self.collapse and entry.kind != "display":
+            self._by_key.setdefault(key, _Bucket()).entries.append(entry)
+
+    def _move_to_end(self, entry: _Entry, rank: int) -> _Entry | None:
+        """Let ``rank`` join an earlier entry by moving it after the rank's own later lines,
+        which is allowed only while the entry is still the latest line of each of its ranks."""
+        if rank in entry.ranks or any(self._last_seq.get(r) != entry.seq for r in entry.ranks):
+            return None
+        self._pending.remove(entry)
+        self._seq += 1
+        entry.seq = self._seq
+        self._pending.append(entry)
+        for r in entry.ranks:
+            self._last_seq[r] = entry.seq
+        return entry
+
+    def tick(self, final: bool = False) -> None:
+        """Show every pending entry whose window has passed or that all ranks have printed."""
+        now = time.monotonic()
+        out: list[_Entry] = []
+        while self._pending:
+            head = self._pending[0]
+            complete = len(head.ranks) == len(self.ranks) or not self.collapse
+            if not (final or complete or now - head.t >= self.window):
+                break
+            self._pending.popleft()
+            if head.kind != "display" and self.collapse:
+                bucket = self._by_key[(head.name, head.text)]
+                bucket.pop_front()
+                if not len(bucket):
+                    del self._by_key[(head.name, head.text)]
+            out.append(head)
+        self._emit(out)
+        self.sink.refresh(final)
+
+    def _emit(self, entries: list[_Entry]) -> None:
+        run: list[str] = []
+        run_name = None
+        for e in entries:
+            if e.kind == "line" and e.name == run_name:
+                run.append(f"{_tag(e.ranks)} {e.text}\n")
+                continue
+            if run:
+                self.sink.lines(run_name, "".join(run))
+                run = []
+            run_name = None
+            if e.kind == "line":
+                run_name, run = e.name, [f"{_tag(e.ranks)} {e.text}\n"]
+            elif e.kind == "clear":
+                self.sink.clear(wait=e.text == "wait")
+            else:
+                self.sink.display(e.ranks, e.data, e.metadata, e.display_id, update=e.update)
+        if run:
+            self.sink.lines(run_name, "".join(run))
+
+    def close(self) -> None:
+        if self.stream:
+            self.tick(final=True)
+            return
+        # --no-stream: one block per group of ranks that printed exactly the same thing.
+        groups: dict[tuple, list[int]] = {}
+        for rank, entries in self._held.items():
+            if entries:
+                key = tuple((e.kind, e.name, e.text, id(e.data)) for e in entries)
+                if all(e.kind == "line" for e in entries) and self.collapse:
+                    groups.setdefault(key, []).append(rank)
+                else:
+                    groups[(rank, *key)] = [rank]
+        for ranks in groups.values():
+            entries = self._held[ranks[0]]
+            for e in entries:
+                e.ranks = ranks
+            self._emit(entries)
+        self.sink.refresh(final=True)

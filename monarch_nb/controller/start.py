@@ -1,0 +1,288 @@
+"""Making a controller: ``up()`` starts a local cluster, ``connect()`` joins a running one.
+
+Either makes the new controller current (unless ``current=False``), so that the magics drive
+it. A second one while a cluster is up, or while another is being made (from another
+thread), is refused; the user's mistakes (no scheduler there, a
+TLS scheduler without certificates, two addresses at once) are one-line ``ClusterError``s and
+leave nothing behind. A cluster that ``up`` started or a ``--cluster module:factory`` made is
+owned: ``down`` closes it, and so does a failure before the controller is made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+from typing import Any
+
+from monarch_nb.controller import cluster as clusters
+from monarch_nb.controller.controller import Controller
+from monarch_nb.controller.results import Interrupted
+from monarch_nb.errors import ClusterError, set_current
+from monarch_nb.errors import current as current_controller
+from monarch_nb.rank import session
+
+# Held while an up or connect that will be current runs: two at once (threads of the notebook)
+# would each find no cluster up and start one, and down would close only the later one.
+_making = threading.Lock()
+
+
+@contextlib.contextmanager
+def _only_one(current: bool):
+    """Refuse, in one line, to make a current cluster while another is being made."""
+    if not current:
+        yield
+        return
+    if not _making.acquire(blocking=False):
+        raise ClusterError(
+            "another %monarch up or connect is under way in this kernel; "
+            "wait for it to finish (then %monarch down first to start another)"
+        )
+    try:
+        _check_not_up()
+        yield
+    finally:
+        _making.release()
+
+
+def _check_not_up() -> None:
+    ctl = current_controller()
+    if ctl is not None and not ctl.closed:
+        raise ClusterError(
+            "a cluster is already up; use %monarch down first "
+            "(or %monarch restart for fresh workers)"
+        )
+
+
+def up(
+    workers: int | None = None,
+    cpu: bool = False,
+    threads: int = 1,
+    dist: bool = True,
+    backend: str | None = None,
+    current: bool = True,
+    tls: bool = False,
+) -> Controller:
+    """Start a local cluster, one worker per visible GPU (or 2 CPU workers), and control it.
+
+    ``dist`` forms a torch.distributed process group over the ranks (``backend`` defaults to
+    nccl on GPUs, gloo on CPUs); ``current=False`` leaves the notebook's current cluster alone;
+    ``tls`` makes every Dask comm TLS with a temporary certificate (``ctl.client.security``).
+    """
+    with _only_one(current):
+        plans = clusters.plan_workers(
+            clusters.detect_gpus(), workers=workers, cpu=cpu, threads=threads
+        )
+        from distributed import Client
+
+        security = clusters.temporary_security() if tls else None
+        cluster = _start_local(plans, threads, security)
+        try:
+            client = Client(cluster, set_as_default=False, security=security)
+            ctl = Controller(
+                client,
+                cluster=cluster,
+                owns_cluster=True,
+                expected=len(plans),
+                dist=dist,
+                backend=backend,
+            )
+        except KeyboardInterrupt:
+            cluster.close()
+            raise Interrupted(_UP_INTERRUPTED) from None
+        except BaseException:
+            cluster.close()
+            raise
+        if current:
+            set_current(ctl)
+        return ctl
+
+
+_UP_INTERRUPTED = "%monarch up interrupted; its workers were stopped"
+
+
+def _start_local(plans, threads: int, security):
+    """``clusters.start_local`` on a thread of its own, so that Ctrl-C while the workers start
+    stops them: interrupted in its constructor, a SpecCluster goes on starting them with
+    nothing left to close it. The interrupt is raised once they are stopped (a second one
+    stops waiting; they are still stopped, in the background)."""
+    lock = threading.Lock()
+    box: dict[str, Any] = {}
+    # Not Thread.join: on Python < 3.13 a join that a signal interrupts marks the thread as
+    # ended, and the next join returns at once, while it goes on starting the cluster.
+    done = threading.Event()
+
+    def start() -> None:
+        try:
+            session.block_interrupts()  # the workers start with it: see session.py
+            try:
+                cluster = clusters.start_local(plans, threads=threads, security=security)
+            except BaseException as e:
+                box["error"] = e
+                return
+            with lock:
+                box["cluster"] = cluster
+                abandoned = box.get("abandoned", False)
+            if abandoned:
+                with contextlib.suppress(Exception):
+                    cluster.close()
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=start, name="monarch-up", daemon=True)
+    thread.start()
+    try:
+        done.wait()
+    except KeyboardInterrupt:
+        with lock:
+            box["abandoned"] = True
+            cluster = box.get("cluster")
+        print("monarch-nb: interrupted; stopping the workers being started", file=sys.stderr)
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                cluster.close()
+        done.wait()
+        raise Interrupted(_UP_INTERRUPTED) from None
+    if "error" in box:
+        raise box["error"]
+    return box["cluster"]
+
+
+# A batch queue (SLURM, PBS...) may hold the jobs of a dask-jobqueue cluster for minutes.
+DEFAULT_WAIT = 600
+_NEEDS_TLS = (
+    "speaks TLS; pass --tls-ca-file, --tls-cert and --tls-key "
+    "(or --tls with the certificates in Dask's distributed.comm.tls config)"
+)
+
+
+def connect(
+    address: str | None = None,
+    scheduler_file: str | None = None,
+    cluster: Any = None,
+    timeout: float = 8,
+    workers: int | None = None,
+    wait: float = DEFAULT_WAIT,
+    dist: bool = True,
+    backend: str | None = None,
+    current: bool = True,
+    tls: Any = False,
+    tls_ca_file: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+) -> Controller:
+    """Join a running scheduler (address or scheduler file) or any ``distributed`` cluster object
+    (dask-jobqueue, dask-kubernetes, LocalCluster...); ``cluster`` may be ``"module:factory"``.
+
+    A TLS scheduler (``tls://``) is joined with ``tls_ca_file``/``tls_cert``/``tls_key`` (PEM
+    files), ``tls=True`` (the certificates in Dask's ``distributed.comm.tls`` config) or
+    ``tls=`` a ``distributed.Security``; a cluster object brings its own ``security``.
+
+    ``timeout`` bounds reaching the scheduler; ``wait`` bounds waiting for ``workers`` workers
+    (by default those of the cluster object, else one) to join, as jobs wait in a batch queue.
+    A cluster made by ``"module:factory"`` belongs to the controller: ``down()`` closes it.
+    """
+    with _only_one(current):
+        from distributed import Security
+
+        if sum(x is not None for x in (address, scheduler_file, cluster)) != 1:
+            raise ClusterError(
+                "connect needs exactly one of ADDRESS, --scheduler-file or --cluster"
+            )
+        if isinstance(tls, Security):
+            security = tls
+        else:
+            try:
+                security = clusters.client_security(bool(tls), tls_ca_file, tls_cert, tls_key)
+            except ValueError as e:
+                raise ClusterError(str(e)) from None
+        if security is None and str(address).startswith("tls://"):
+            raise ClusterError(f"{address} {_NEEDS_TLS}")
+        owns = isinstance(cluster, str)
+        if owns:
+            cluster = clusters.load_factory(cluster)
+        with _closed_on_error(cluster if owns else None):
+            client = _client(address, scheduler_file, cluster, timeout, security)
+            expected = workers
+            if expected is None and cluster is not None and getattr(cluster, "worker_spec", None):
+                expected = len(cluster.worker_spec)
+            try:
+                _wait_for_workers(client, expected or 1, wait)
+                ctl = Controller(
+                    client,
+                    cluster=cluster,
+                    owns_cluster=owns,
+                    expected=expected,
+                    dist=dist,
+                    backend=backend,
+                )
+            except BaseException:
+                client.close()
+                raise
+        if current:
+            set_current(ctl)
+        return ctl
+
+
+@contextlib.contextmanager
+def _closed_on_error(cluster):
+    """Close ``cluster`` (when not None) if the block fails, Ctrl-C included."""
+    try:
+        yield
+    except BaseException:
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                cluster.close()
+        raise
+
+
+def _client(address, scheduler_file, cluster, timeout, security):
+    """A Dask client of the scheduler, or a one-line ClusterError saying why not."""
+    from distributed import Client
+
+    try:
+        if cluster is not None:
+            return Client(cluster, set_as_default=False, timeout=timeout, security=security)
+        if scheduler_file is not None:
+            return Client(
+                scheduler_file=scheduler_file,
+                set_as_default=False,
+                timeout=timeout,
+                security=security,
+            )
+        return Client(address, set_as_default=False, timeout=timeout, security=security)
+    except OSError as e:
+        where = address or scheduler_file or getattr(cluster, "scheduler_address", cluster)
+        raise ClusterError(f"cannot reach a Dask scheduler at {where}: {e}") from None
+    except RuntimeError as e:  # a plain-TCP address while TLS is required, and the like
+        raise ClusterError(f"cannot join the scheduler: {e}") from None
+    except TypeError as e:  # a tls:// address (from a scheduler file) without certificates
+        if "ssl_context" not in str(e):
+            raise
+        where = scheduler_file or getattr(cluster, "scheduler_address", cluster)
+        raise ClusterError(f"the scheduler of {where} {_NEEDS_TLS}") from None
+
+
+def _wait_for_workers(client, n: int, wait: float) -> None:
+    """Wait up to ``wait`` seconds for ``n`` workers, saying so once the wait is noticeable."""
+    start = time.monotonic()
+    told = False
+    while True:
+        joined = len(client.scheduler_info(n_workers=-1)["workers"])
+        if joined >= n:
+            return
+        waited = time.monotonic() - start
+        if waited > wait:
+            raise ClusterError(
+                f"only {joined} of {n} workers joined within {wait:g} s; "
+                "--wait S (wait=S) waits longer"
+            )
+        if not told and waited > 2:
+            print(
+                f"monarch-nb: {joined} of {n} workers have joined; waiting up to {wait:g} s "
+                "for the rest (interrupt to stop)",
+                file=sys.stderr,
+            )
+            told = True
+        time.sleep(0.1)

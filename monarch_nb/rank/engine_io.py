@@ -1,0 +1,181 @@
+"""Worker side of the wire: how requests reach a rank's thread, and how its events leave.
+
+Control (the handshake, interrupt, info) arrives over a distributed comm on the worker's event
+loop (the ``monarch_attach`` handler in engine.py). Data — cells, calls and every event back —
+travels over a plain socket (TLS where the cluster uses TLS) that the rank's own thread reads
+itself, so a request costs no hop through the event loop: the engine listens on the worker's
+host on a port the OS picks, and a controller learns the port and a token in the handshake.
+What a cell prints is flushed by a small thread of its own, a few milliseconds after it is
+written; a reply goes out at once, after everything the cell printed before it.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import secrets
+import selectors
+import socket
+import threading
+import time
+from typing import Any
+
+from monarch_nb.rank.capture import Outbox
+from monarch_nb.wire import FrameConn
+
+logger = logging.getLogger("monarch_nb")
+
+FLUSH_DELAY = 0.005  # seconds of output gathered into one message
+PROGRESS_RECHECK = 0.05  # seconds before a throttled progress line is looked at again
+HANDSHAKE_TIMEOUT = 5.0
+
+
+class Channel:
+    """One controller's connection to this engine."""
+
+    def __init__(self, wire: Wire, controller: str, comm):
+        self.controller = controller
+        self.comm = comm  # the control comm; its closing means the controller is gone
+        self.conn: FrameConn | None = None
+        self.outbox = Outbox(lambda urgent: wire.poke())
+        self.closed = False
+
+    def flush(self) -> bool:
+        """Send the queued output; True when a throttled progress line waits."""
+        if self.conn is None or self.closed:
+            return False
+        with self.conn.lock:
+            events, again = self.outbox.drain()
+            if events:
+                self._send_locked(events)
+        return again
+
+    def reply(self, event: dict[str, Any]) -> None:
+        """Send ``event`` now, after every event queued before it."""
+        if self.conn is None or self.closed:
+            return
+        with self.conn.lock:
+            events, _ = self.outbox.drain()
+            self._send_locked([*events, event])
+
+    def _send_locked(self, events: list[dict[str, Any]]) -> None:
+        try:
+            self.conn.send_locked(events)
+        except OSError:
+            self.closed = True  # the controller went away; the reading thread drops us
+
+
+class Wire:
+    """The engine's listening socket, its channels, the selector that the rank's thread polls
+    for requests, and the output flusher."""
+
+    def __init__(self, host: str, ssl_context=None):
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.listener = socket.create_server((host, 0), family=family)
+        self.host = host
+        self.port = self.listener.getsockname()[1]
+        self.token = secrets.token_hex(16)
+        self.ssl_context = ssl_context
+        self.channels: dict[str, Channel] = {}
+        self.inbox: collections.deque[tuple[Channel, dict[str, Any]]] = collections.deque()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._wake_r, selectors.EVENT_READ)
+        self._accepted: list[Channel] = []  # connected, for the rank's thread to start reading
+        self._lock = threading.Lock()
+        self._poke = threading.Event()
+        threading.Thread(target=self._flusher, name="monarch-flush", daemon=True).start()
+        # Accepting has a thread of its own so that a busy rank still completes handshakes
+        # (and answers info at once); its requests wait in the socket until the rank is free.
+        threading.Thread(target=self._acceptor, name="monarch-accept", daemon=True).start()
+
+    # -- the event loop -----------------------------------------------------------------------
+    def new_channel(self, controller: str, comm) -> Channel:
+        old = self.channels.pop(controller, None)
+        if old is not None:
+            self.close_channel(old)
+        channel = self.channels[controller] = Channel(self, controller, comm)
+        return channel
+
+    def close_channel(self, channel: Channel) -> None:
+        channel.closed = True
+        if self.channels.get(channel.controller) is channel:
+            del self.channels[channel.controller]
+        if channel.conn is not None:
+            channel.conn.shutdown()  # the rank's thread sees the end and closes the socket
+
+    # -- the rank's thread --------------------------------------------------------------------
+    def next_request(self) -> tuple[Channel, dict[str, Any]]:
+        while not self.inbox:
+            self._poll()
+        return self.inbox.popleft()
+
+    def _poll(self) -> None:
+        for key, _ in self._sel.select():
+            if key.fileobj is self._wake_r:
+                with contextlib.suppress(OSError):
+                    self._wake_r.recv(4096)
+                with self._lock:
+                    accepted, self._accepted = self._accepted, []
+                for channel in accepted:
+                    self._sel.register(channel.conn, selectors.EVENT_READ, channel)
+                    self.inbox.extend((channel, m) for m in channel.conn.backlog)
+            else:
+                channel = key.data
+                try:
+                    msgs = channel.conn.feed()
+                except OSError:
+                    msgs = None
+                if msgs is None:
+                    self._sel.unregister(key.fileobj)
+                    channel.closed = True
+                    channel.conn.close()
+                else:
+                    self.inbox.extend((channel, m) for m in msgs)
+
+    def _acceptor(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:
+                return
+            self._handshake(sock)
+
+    def _handshake(self, sock: socket.socket) -> None:
+        try:
+            if self.ssl_context is not None:
+                sock.settimeout(HANDSHAKE_TIMEOUT)
+                sock = self.ssl_context.wrap_socket(sock, server_side=True)
+            conn = FrameConn(sock)
+            hello = conn.recv_one(HANDSHAKE_TIMEOUT)
+        except (OSError, ValueError, EOFError) as e:
+            logger.info("monarch_nb: refused a data connection: %s", e)
+            with contextlib.suppress(OSError):
+                sock.close()
+            return
+        channel = self.channels.get(hello.get("controller")) if isinstance(hello, dict) else None
+        if channel is None or hello.get("token") != self.token:
+            logger.warning("monarch_nb: refused a data connection without a valid token")
+            conn.close()
+            return
+        channel.conn = conn
+        with self._lock:
+            self._accepted.append(channel)
+        self._wake_w.send(b"x")
+
+    # -- the flusher --------------------------------------------------------------------------
+    def poke(self) -> None:
+        self._poke.set()
+
+    def _flusher(self) -> None:
+        while True:
+            self._poke.wait()
+            time.sleep(FLUSH_DELAY)  # let a burst of prints become one message
+            self._poke.clear()
+            again = False
+            for channel in list(self.channels.values()):
+                again |= channel.flush()
+            if again:
+                time.sleep(PROGRESS_RECHECK)
+                self._poke.set()

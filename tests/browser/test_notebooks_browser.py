@@ -1,0 +1,303 @@
+"""What a person sees: every notebook in notebooks/ run top to bottom in a real JupyterLab in
+headless Chromium, and the live views (panel, tqdm bars, widgets on ranks) checked in the page.
+
+A notebook fails on an error output in a cell not tagged `raises-exception`, any output showing
+a JavaScript or widget error, a browser console error or page error, any request to a host other
+than 127.0.0.1, and a bokeh figure whose canvas is blank. Screenshots land in tests/artifacts/;
+the README's pictures (docs/images/) are written here too, only from views that passed."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from _lab import ARTIFACTS, Lab, chromium, requires_chromium
+from _notebook_page import (
+    CHART_BOX_JS,
+    NotebookPage,
+    blank_fraction,
+    cell_problems,
+    figure_problems,
+    plain,
+    shot,
+)
+
+pytestmark = requires_chromium
+
+REPO = Path(__file__).parents[2]
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+IMAGES = REPO / "docs" / "images"
+# Every cell stays in the DOM, so figures below the fold are laid out and drawn too.
+SETTINGS = {"@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"}}
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lab")
+    lab = Lab(tmp, settings=SETTINGS, expose_app=True)
+    for path in NOTEBOOKS:
+        shutil.copy(path, lab.root / path.name)
+    # notebooks/ name ../benchmarks/ (notebook 03's `%monarch run`)
+    (tmp / "benchmarks").symlink_to(REPO / "benchmarks")
+    try:
+        lab.wait_ready()
+        yield lab
+    finally:
+        lab.stop()
+
+
+@pytest.fixture(autouse=True)
+def jp_asyncio_loop():
+    """Where pytest-jupyter is loaded (other modules load it), its per-test loop would be the
+    one that playwright's sync API keeps running in this thread for the module's browser, and
+    closing it after each test fails: each test gets a loop of its own instead."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    ARTIFACTS.mkdir(exist_ok=True)
+    with chromium() as browser:
+        yield browser
+
+
+def test_there_are_notebooks():
+    assert any(p.name == "02-monarch-matrices.ipynb" for p in NOTEBOOKS)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_runs_in_the_browser_and_shows_nothing_broken(lab, browser, path):
+    stem = path.stem
+    nbpage = NotebookPage(browser, lab, path.name)
+    try:
+        started = time.monotonic()
+        nbpage.command("notebook:run-all-cells", timeout=780)
+        took = time.monotonic() - started
+        nbpage.page.wait_for_timeout(2000)  # widgets render and figures draw after the replies
+        cells = nbpage.cells()
+        picture = None
+        if path.name == "02-monarch-matrices.ipynb" and any(c["figures"] for c in cells):
+            # before the figures' own screenshots scroll a wide row sideways
+            first = next(c for c in cells if c["figures"])
+            picture = shot(nbpage.cell(first["index"]).locator(".jp-OutputArea"))
+        problems = cell_problems(cells)
+        problems += figure_problems(nbpage, cells, stem)
+        problems += nbpage.watch.problems
+        nbpage.page.screenshot(path=str(ARTIFACTS / f"{stem}.png"))
+        for cell in cells:
+            if any(f"cell {cell['index']} " in p for p in problems):
+                shot(nbpage.cell(cell["index"]), ARTIFACTS / f"{stem}-cell{cell['index']}.png")
+        print(f"{path.name}: ran in {took:.1f} s")
+        assert not problems, f"{path.name} in JupyterLab:\n" + "\n".join(problems)
+        if picture is not None:
+            IMAGES.mkdir(parents=True, exist_ok=True)
+            (IMAGES / "notebook02-figure.png").write_bytes(picture)
+    finally:
+        nbpage.close()
+
+
+BROKEN = [
+    # a JavaScript output that throws, as a figure's loader does when BokehJS is missing
+    "from IPython.display import Javascript, display\n"
+    "display(Javascript(\"throw new Error('no BokehJS')\"))",
+    # a console error, as a widget manager logs for a model it cannot find
+    "display(Javascript(\"console.error('Could not create a view for model id 1')\"))",
+    # a request leaving the machine, as a figure that fetches BokehJS from a CDN
+    "from IPython.display import HTML\n"
+    "display(HTML('<img src=\"http://cdn.example.invalid/bokeh.min.js\">'))",
+    # a bokeh canvas that nothing was drawn on
+    'display(HTML(\'<div class="bk-Canvas" style="width:200px;height:120px">'
+    '<canvas width="200" height="120"></canvas></div>\'))',
+    # Dask's own logging in a cell, as a nanny's warning that reaches the kernel's stderr
+    "import sys\n"
+    "print('2026-12-01 15:38:57,297 - distributed.nanny - WARNING - Restarting worker',"
+    " file=sys.stderr)",
+    # an error in a cell not tagged raises-exception
+    "1 / 0",
+]
+
+
+@pytest.mark.timeout(300)
+def test_the_checks_name_each_thing_a_person_would_see_broken(lab, browser):
+    """The checks themselves, on a notebook broken on purpose: each breakage is named."""
+    import nbformat
+
+    name = "broken-on-purpose.ipynb"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in BROKEN])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    nbformat.write(nb, lab.root / name)
+    nbpage = NotebookPage(browser, lab, name)
+    try:
+        nbpage.command("notebook:run-all-cells", timeout=120)
+        nbpage.page.wait_for_timeout(1000)
+        cells = nbpage.cells()
+        problems = cell_problems(cells) + figure_problems(nbpage, cells, "broken-on-purpose")
+        problems += nbpage.watch.problems
+    finally:
+        nbpage.close()
+    report = "\n".join(problems)
+    for expected in (
+        "cell 0 ('from IPython.display import Javascript, display') shows 'Javascript Error'",
+        "console error: Could not create a view for model id 1",
+        "request to a host other than 127.0.0.1: http://cdn.example.invalid/bokeh.min.js",
+        "bokeh figure 0: its canvas is blank",
+        "cell 4 ('import sys') shows Dask's own log line: '2026-12-01 15:38:57,297 - "
+        "distributed.nanny - WARNING - Restarting worker'",
+        "cell 5 ('1 / 0') raised ZeroDivisionError: division by zero",
+    ):
+        assert expected in report, f"{expected!r} not reported; the checks said:\n{report}"
+
+
+# -- the live views, on one cluster of 2 CPU ranks in one notebook --------------------------
+
+
+START = "%load_ext monarch_nb\n%monarch up --workers 2 --cpu --no-dist"
+
+
+@pytest.fixture(scope="module")
+def live(lab, browser):
+    import nbformat
+
+    name = "live-views.ipynb"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(START)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    nbformat.write(nb, lab.root / name)
+    nbpage = NotebookPage(browser, lab, name)
+    try:
+        up = nbpage.run_cell(0, 180)
+        assert "2 ranks" in up["text"], up["text"]
+        yield nbpage
+        nbpage.run("%monarch down", 120)
+    finally:
+        nbpage.close()
+
+
+TRAIN = """\
+%%monarch
+import math, time
+import monarch_nb
+for step in range(150):
+    monarch_nb.log(step=step, loss=2.0 * math.exp(-step / (20 + 20 * rank)))
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_live_panel_changes_while_a_cell_runs(live):
+    from PIL import Image, ImageChops
+
+    seen = len(live.watch.problems)
+    index = live.start(TRAIN)
+    cell = live.cell(index)
+    live.page.wait_for_function(
+        "(i) => window.jupyterapp.shell.currentWidget.content.widgets[i]"
+        ".outputArea.node.querySelector('.jupyter-widgets, .widget-vbox')",
+        arg=index,
+        timeout=60_000,
+    )
+    cell.scroll_into_view_if_needed()
+    live.page.wait_for_timeout(2000)  # the panel's first draw
+    captures = []
+    for n in range(2):
+        problems = cell_problems([live.cells()[index]], finished=False)
+        assert not problems, "\n".join(problems)
+        box = live.page.evaluate(CHART_BOX_JS, index)
+        assert box, "the live panel shows no chart (no canvas or svg in the cell's output)"
+        captures.append(live.page.screenshot(clip=box))
+        (ARTIFACTS / f"live-panel-{n}.png").write_bytes(captures[-1])
+        if n == 0:
+            live.page.wait_for_timeout(3000)
+    still_running = live.cells()[index]["count"] is None
+    assert still_running, "the training cell ended before the second capture"
+    images = [Image.open(io.BytesIO(png)).convert("RGB") for png in captures]
+    assert blank_fraction(captures[1]) < 0.99, "the live panel's chart area is blank"
+    assert images[0].size != images[1].size or ImageChops.difference(*images).getbbox(), (
+        "the live panel's chart area did not change in 3 s while the ranks logged a loss "
+        "every 0.1 s (tests/artifacts/live-panel-0.png, live-panel-1.png)"
+    )
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    shot(cell.locator(".jp-OutputArea"), IMAGES / "live-panel.png")
+
+    # the sidebar beside it, while the ranks train
+    tab = live.page.locator('.jp-SideBar [data-id="monarch-sidebar"]')
+    tab.click()
+    bars = live.page.locator("#monarch-sidebar .monarch-BarChart-util .monarch-bar")
+    bars.nth(1).wait_for(timeout=30_000)
+    live.page.locator("#monarch-sidebar .monarch-loss-line").nth(1).wait_for(timeout=30_000)
+    live.page.screenshot(path=str(IMAGES / "sidebar.png"))
+    tab.click()
+    live.page.wait_for_function(
+        "(i) => window.jupyterapp.shell.currentWidget.content.widgets[i].model.executionCount",
+        arg=index,
+        timeout=120_000,
+    )
+    problems = cell_problems([live.cells()[index]]) + live.watch.problems[seen:]
+    assert not problems, "\n".join(problems)
+
+
+TQDM = """\
+%%monarch
+import time
+from tqdm.notebook import tqdm
+for _ in tqdm(range(30)):
+    time.sleep(0.03)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_tqdm_notebook_loop_on_two_ranks_ends_with_two_bars(live):
+    seen = len(live.watch.problems)
+    cell = live.run(TQDM)
+    problems = cell_problems([cell]) + live.watch.problems[seen:]
+    assert not problems, "\n".join(problems)
+    bars = live.cell(cell["index"]).locator(".jp-OutputArea .widget-hprogress")
+    shot(live.cell(cell["index"]), ARTIFACTS / "tqdm.png")
+    assert bars.count() == 2, (
+        f"expected one tqdm bar per rank, found {bars.count()}; the output reads:\n{cell['text']}"
+    )
+    assert cell["text"].count("30/30") == 2, cell["text"]
+    assert "rank 0" in cell["text"] and "rank 1" in cell["text"], cell["text"]
+
+
+@pytest.mark.timeout(180)
+def test_a_slider_on_a_rank_moved_in_the_browser_changes_the_value_on_the_rank(live):
+    from playwright.sync_api import expect
+
+    seen = len(live.watch.problems)
+    shown = live.run(
+        "%%monarch --targets 0\nimport ipywidgets\n"
+        "slider = ipywidgets.IntSlider(value=3, min=0, max=10)\ndisplay(slider)"
+    )
+    problems = cell_problems([shown]) + live.watch.problems[seen:]
+    assert not problems, "\n".join(problems)
+    out = live.cell(shown["index"]).locator(".jp-OutputArea")
+    handle = out.locator(".noUi-handle")
+    if not handle.count():
+        shot(out, ARTIFACTS / "slider.png")
+        pytest.fail(f"no slider in the output of the rank's display(); it reads {shown['text']!r}")
+    handle.click()
+    for _ in range(4):
+        handle.press("ArrowRight")
+    readout = out.locator(".widget-readout")
+    expect(readout).to_have_text("7", timeout=10_000)
+    deadline = time.monotonic() + 15
+    while True:
+        back = live.run("%%monarch --targets 0\nslider.value")
+        if "ValueMesh({0: 7})" in plain(back) or time.monotonic() > deadline:
+            break
+        live.page.wait_for_timeout(500)
+    assert "ValueMesh({0: 7})" in plain(back), (
+        f"the slider shows 7 in the browser; rank 0 reads {plain(back)!r}"
+    )
+    # and the other way: set on the rank, moved in the browser
+    live.run("%%monarch --targets 0\nslider.value = 2")
+    expect(readout).to_have_text("2", timeout=10_000)
+    shot(out, ARTIFACTS / "slider.png")
+    assert not live.watch.problems[seen:], "\n".join(live.watch.problems[seen:])

@@ -1,0 +1,332 @@
+"""Several hosts on one machine: a scheduler and two workers, each in its own network namespace.
+
+The test builds the network itself and removes it afterwards, whatever happens::
+
+    root namespace (this test: the controller)  10.77.N.1 ─┐
+    mnb-T-sched  (dask scheduler)               10.77.N.10 ─┤ bridge br0 in mnb-T-hub
+    mnb-T-w0     (dask worker --nanny, rank 0)  10.77.N.11 ─┤
+    mnb-T-w1     (dask worker --nanny, rank 1)  10.77.N.12 ─┘
+
+N is a /24 that no route of this machine uses yet; each namespace also has its own host name
+(``unshare --uts``). Every Dask process gets short comm timeouts through DASK_* variables, and the
+workers GLOO_SOCKET_IFNAME=eth0: without it gloo takes the address of the machine's host name,
+which does not exist inside the namespace, and the process group does not form. Each worker runs
+under a shell loop that starts it again when it exits, as a supervisor would on a real cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import monarch_nb
+from monarch_nb.controller import controller as module
+
+TCP_TIMEOUT = 11  # s: distributed.comm.timeouts.tcp everywhere here (Dask allows no less than 11)
+WORKER_TTL = 5  # s: distributed.scheduler.worker-ttl
+SCHEDULER_PORT = 8786  # free by construction: the scheduler's namespace is new
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=20)
+
+
+def _free_subnet() -> int:
+    """A third octet N such that no route of this machine touches 10.77.N.0/24."""
+    routes = _ip("-4", "route", "show", "table", "all", check=False).stdout
+    taken = {int(p.split(".")[2]) for p in routes.split() if p.startswith("10.77.")}
+    free = [n for n in range(1, 255) if n not in taken]
+    if not free:
+        pytest.skip("no free 10.77.N.0/24 subnet on this machine")
+    return random.choice(free)
+
+
+class Hosts:
+    """The namespaces, links and processes of one test; ``close()`` removes all of them."""
+
+    def __init__(self, logs: Path):
+        self.tag = secrets.token_hex(2)
+        self.net = f"10.77.{_free_subnet()}"
+        self.logs = logs
+        self.namespaces: list[str] = []
+        self.root_link = f"mnb{self.tag}r"
+        self.procs: list[subprocess.Popen] = []
+
+    def ns(self, role: str) -> str:
+        return f"mnb-{self.tag}-{role}"
+
+    def build(self) -> None:
+        hub = self.ns("hub")
+        self._add_ns(hub)
+        _ip("-n", hub, "link", "add", "br0", "type", "bridge")
+        _ip("-n", hub, "link", "set", "br0", "up")
+        _ip("link", "add", self.root_link, "type", "veth", "peer", "name", "p-root", "netns", hub)
+        _ip("addr", "add", f"{self.net}.1/24", "dev", self.root_link)
+        _ip("link", "set", self.root_link, "up")
+        self._plug(hub, "p-root")
+        for role, last in (("sched", 10), ("w0", 11), ("w1", 12)):
+            ns = self.ns(role)
+            self._add_ns(ns)
+            _ip("-n", hub, "link", "add", f"p-{role}", "type", "veth", "peer", "name", "eth0")
+            _ip("-n", hub, "link", "set", "eth0", "netns", ns)
+            self._plug(hub, f"p-{role}")
+            _ip("-n", ns, "addr", "add", f"{self.net}.{last}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+
+    def _add_ns(self, name: str) -> None:
+        _ip("netns", "add", name)
+        self.namespaces.append(name)
+
+    @staticmethod
+    def _plug(hub: str, port: str) -> None:
+        _ip("-n", hub, "link", "set", port, "master", "br0")
+        _ip("-n", hub, "link", "set", port, "up")
+
+    def address(self, role: str) -> str:
+        return f"{self.net}.{ {'sched': 10, 'w0': 11, 'w1': 12}[role] }"
+
+    def start(self, role: str, *argv: str, env: dict[str, str]) -> subprocess.Popen:
+        """``argv`` in ``role``'s namespace with host name ``mnb-ROLE``, in its own session."""
+        log = open(self.logs / f"{role}.log", "wb")  # noqa: SIM115 (closed with the process)
+        own_name = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', f"mnb-{role}"]
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.ns(role), *own_name, *argv],
+            env={**os.environ, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def link(self, role: str, state: str) -> None:
+        _ip("-n", self.ns(role), "link", "set", "eth0", state)
+
+    def log(self, role: str) -> str:
+        path = self.logs / f"{role}.log"
+        return path.read_text(errors="replace")[-3000:] if path.exists() else ""
+
+    def close(self) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+        for ns in self.namespaces:
+            # Whatever a process of ours left running in the namespace (a nanny's child).
+            pids = _ip("netns", "pids", ns, check=False).stdout.split()
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
+        for ns in reversed(self.namespaces):
+            _ip("netns", "delete", ns, check=False)
+        _ip("link", "delete", self.root_link, check=False)
+
+
+def _why_not() -> str | None:
+    """Why this machine cannot build namespaces, or None."""
+    if sys.platform != "linux":
+        return "network namespaces are Linux only"
+    if shutil.which("ip") is None:
+        return "iproute2's ip is not installed"
+    if shutil.which("unshare") is None:
+        return "util-linux's unshare is not installed (each host gets its own host name)"
+    probe = f"mnb-probe-{secrets.token_hex(2)}"
+    made = _ip("netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return f"cannot create a network namespace (needs CAP_NET_ADMIN): {made.stderr.strip()}"
+    _ip("netns", "delete", probe, check=False)
+    return None
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    reason = _why_not()
+    if reason:
+        pytest.skip(reason)
+    import dask
+
+    h = Hosts(tmp_path)
+    saved = module.current()
+    module.set_current(None)
+    try:
+        try:
+            h.build()
+        except subprocess.CalledProcessError as e:
+            pytest.skip(f"this machine cannot build the test network: {e.cmd}: {e.stderr}")
+        python = sys.executable
+        dask_env = {
+            "DASK_DISTRIBUTED__COMM__TIMEOUTS__TCP": f"{TCP_TIMEOUT}s",
+            "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": f"{TCP_TIMEOUT}s",
+            "DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": f"{WORKER_TTL}s",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+        }
+        h.start(
+            "sched",
+            python,
+            "-m",
+            "distributed.cli.dask_scheduler",
+            "--host",
+            h.address("sched"),
+            "--port",
+            str(SCHEDULER_PORT),
+            "--dashboard-address",
+            f"{h.address('sched')}:8787",
+            env=dask_env,
+        )
+        for rank, role in enumerate(("w0", "w1")):
+            # As under systemd or a SLURM job step that restarts it: a worker whose scheduler
+            # link broke for longer than the timeouts exits, nanny and all, and comes back here.
+            h.start(
+                role,
+                "sh",
+                "-c",
+                'while :; do "$@"; sleep 0.5; done',
+                "supervise",
+                python,
+                "-m",
+                "distributed.cli.dask_worker",
+                f"tcp://{h.address('sched')}:{SCHEDULER_PORT}",
+                "--nanny",
+                "--name",
+                str(rank),
+                "--nthreads",
+                "1",
+                "--host",
+                h.address(role),
+                "--no-dashboard",
+                env={**dask_env, "GLOO_SOCKET_IFNAME": "eth0"},
+            )
+        # The controller's own comms (its links to the engines) give up on a dead peer as fast.
+        with dask.config.set({"distributed.comm.timeouts.tcp": f"{TCP_TIMEOUT}s"}):
+            yield h
+    finally:
+        ctl = module.current()
+        if ctl is not None:
+            with contextlib.suppress(Exception):
+                ctl.down()
+        module.set_current(saved)
+        h.close()
+
+
+def _cut_after(seconds: float, hosts: Hosts, role: str, at: list[float]) -> threading.Timer:
+    def cut():
+        at.append(time.monotonic())
+        hosts.link(role, "down")
+
+    timer = threading.Timer(seconds, cut)
+    timer.start()
+    return timer
+
+
+def test_cluster_across_namespaces_survives_a_cut_link(hosts, cell):
+    start = time.monotonic()
+    address = f"tcp://{hosts.address('sched')}:{SCHEDULER_PORT}"
+    try:
+        cell(f"%monarch connect {address} --workers 2 --timeout 30 --wait 60")
+    except AssertionError:
+        pytest.fail(
+            f"connect failed:\n{cell.out}\n{cell.err}\nscheduler log:\n{hosts.log('sched')}\n"
+            f"worker logs:\n{hosts.log('w0')}\n{hosts.log('w1')}"
+        )
+    assert f"connected to 2 ranks at {address}" in cell.out
+    assert "\n0     mnb-w0 " in cell.out and "\n1     mnb-w1 " in cell.out
+    assert "gloo process group over all ranks" in cell.out
+    ctl = monarch_nb.current()
+
+    # Cells on both ranks: each runs on its own host, behind its own address.
+    where = cell(
+        "%%monarch\nimport socket\nudp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        f"udp.connect(({hosts.address('sched')!r}, 9))  # no packet: picks the source address\n"
+        "(host, udp.getsockname()[0])"
+    )
+    assert where.values() == [("mnb-w0", hosts.address("w0")), ("mnb-w1", hosts.address("w1"))]
+    cell("%monarch status")
+    assert "mnb-w0" in cell.out and "mnb-w1" in cell.out and "idle" in cell.out
+
+    # A gloo process group across the hosts.
+    reduced = cell(
+        "%%monarch\nimport torch, torch.distributed as dist\n"
+        "t = torch.tensor([rank + 1.0])\ndist.all_reduce(t)\n(dist.get_world_size(), t.item())"
+    )
+    assert reduced.values() == [(2, 3.0), (2, 3.0)]
+
+    # Telemetry: logged scalars and device samples reach the controller.
+    cell("%%monarch\nfrom monarch_nb import log\nlog(step=0, loss=1.5 + rank)")
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        history = monarch_nb.history()
+        if len(history) == 2:
+            break
+        time.sleep(0.2)
+    assert {r: [row.values["loss"] for row in rows] for r, rows in history.items()} == {
+        0: [1.5],
+        1: [2.5],
+    }
+    latest = ctl.metrics.latest()
+    assert [(latest[r]["host"], latest[r]["sample"]["host"]) for r in (0, 1)] == [
+        ("mnb-w0", "mnb-w0"),
+        ("mnb-w1", "mnb-w1"),
+    ]
+
+    # Cut rank 1's link while a cell runs there: the cell ends, naming the rank, no hang.
+    cut_at: list[float] = []
+    timer = _cut_after(1.5, hosts, "w1", cut_at)
+    try:
+        cell(
+            "%%monarch\nimport time\nt0 = time.time()\n"
+            "while rank == 1 and time.time() - t0 < 120:\n    time.sleep(0.05)\nrank",
+            expect_error=True,
+        )
+    finally:
+        timer.cancel()
+    took = time.monotonic() - cut_at[0]
+    assert took < 2 * TCP_TIMEOUT + WORKER_TTL, f"the cell took {took:.1f} s after the cut"
+    err = cell.error
+    assert isinstance(err, monarch_nb.CellError), repr(err)
+    assert list(err.errors) == [1] and err.errors[1].ename == "WorkerLost"
+    assert err.errors[1].host == hosts.address("w1")
+    assert err.results.to_dict() == {0: 0}
+    assert "1 of 2 ranks failed" in cell.out and "[rank 1] WorkerLost" in cell.out
+
+    # Restore the link. The worker on w1 lost its scheduler and ended (or its nanny replaced it);
+    # the new one gets rank 1 from the controller. Wait for that, then %monarch restart gives
+    # both ranks fresh processes.
+    hosts.link("w1", "up")
+    notices: list[str] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any("formed again" in n for n in notices):
+        notices += ctl.notices()
+        time.sleep(0.2)
+    assert f"rank 1 on {hosts.address('w1')} lost its worker" in " ".join(notices), notices
+    assert any("replacement worker took its place" in n for n in notices), (
+        f"{notices}\nw1 log:\n{hosts.log('w1')}"
+    )
+    before = cell("%%monarch\nimport os\nos.getpid()").values()
+    cell("%monarch restart")
+    assert "restarted ranks 0-1" in cell.out
+    again = cell(
+        "%%monarch\nimport os, torch, torch.distributed as dist\n"
+        "t = torch.ones(1)\ndist.all_reduce(t)\n(host, os.getpid(), t.item())"
+    )
+    assert [(h, v) for h, _, v in again.values()] == [("mnb-w0", 2.0), ("mnb-w1", 2.0)]
+    assert not set(before) & {pid for _, pid, _ in again.values()}
+    cell("%monarch down")
+    assert "disconnected; the cluster keeps running" in cell.out
+    assert time.monotonic() - start < 90

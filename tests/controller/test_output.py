@@ -1,0 +1,239 @@
+"""Rank output: tags, collapsing, order per rank, --no-stream grouping."""
+
+import time
+
+from monarch_nb.controller.output import LiveSink, Renderer
+
+
+class ListSink:
+    def __init__(self):
+        self.out: list[tuple[str, str]] = []
+        self.progress_seen: list[tuple[int, str | None]] = []
+
+    def lines(self, name, text):
+        self.out += [(name, line) for line in text.splitlines()]
+
+    def display(self, ranks, data, metadata, display_id=None, update=False):
+        self.out.append(("display", f"{sorted(ranks)} {data['text/plain']}"))
+
+    def progress(self, rank, name, text):
+        self.progress_seen.append((rank, text))
+
+    def refresh(self, final=False):
+        pass
+
+
+def stream(lines, name="stdout"):
+    return {"ev": "stream", "name": name, "lines": lines}
+
+
+def test_identical_lines_collapse_and_order_is_kept_per_rank():
+    sink = ListSink()
+    r = Renderer([0, 1, 2, 3], sink, window=5)
+    for rank in range(4):
+        r.feed(rank, stream(["epoch 1", f"loss {rank}", "done"]))
+    r.close()
+    assert sink.out == [
+        ("stdout", "[ranks 0-3] epoch 1"),
+        ("stdout", "[rank 0] loss 0"),
+        ("stdout", "[rank 1] loss 1"),
+        ("stdout", "[rank 2] loss 2"),
+        ("stdout", "[rank 3] loss 3"),
+        ("stdout", "[ranks 0-3] done"),
+    ]
+
+
+def test_a_line_repeated_by_one_rank_is_not_merged_with_itself():
+    sink = ListSink()
+    r = Renderer([0, 1], sink, window=5)
+    r.feed(0, stream(["x", "x"]))
+    r.feed(1, stream(["x"]))
+    r.close()
+    assert sink.out == [("stdout", "[ranks 0-1] x"), ("stdout", "[rank 0] x")]
+
+
+def test_no_collapse_and_streams_are_separate():
+    sink = ListSink()
+    r = Renderer([0, 1], sink, collapse=False)
+    r.feed(0, stream(["a"]))
+    r.feed(1, stream(["a"], "stderr"))
+    r.close()
+    assert sink.out == [("stdout", "[rank 0] a"), ("stderr", "[rank 1] a")]
+
+
+def test_window_expiry_flushes_lines_that_only_some_ranks_print():
+    sink = ListSink()
+    r = Renderer([0, 1], sink, window=0.05)
+    r.feed(0, stream(["only rank 0"]))
+    assert sink.out == []
+    time.sleep(0.06)
+    r.tick()
+    assert sink.out == [("stdout", "[rank 0] only rank 0")]
+
+
+def test_display_keeps_its_place_among_lines():
+    sink = ListSink()
+    r = Renderer([0], sink)
+    r.feed(0, stream(["before"]))
+    r.feed(0, {"ev": "display", "data": {"text/plain": "<fig>"}, "metadata": {}})
+    r.feed(0, stream(["after"]))
+    r.close()
+    assert sink.out == [
+        ("stdout", "[rank 0] before"),
+        ("display", "[0] <fig>"),
+        ("stdout", "[rank 0] after"),
+    ]
+
+
+def test_no_stream_groups_by_rank_at_the_end():
+    sink = ListSink()
+    r = Renderer([0, 1, 2], sink, stream=False)
+    r.feed(0, stream(["a", "b"]))
+    r.feed(1, stream(["c"]))
+    r.feed(2, stream(["a"]))
+    r.feed(2, stream(["b"]))
+    assert sink.out == []
+    r.close()
+    assert sink.out == [
+        ("stdout", "[ranks 0,2] a"),
+        ("stdout", "[ranks 0,2] b"),
+        ("stdout", "[rank 1] c"),
+    ]
+
+
+def test_progress_lines_go_to_the_live_line_not_the_output():
+    sink = ListSink()
+    r = Renderer([0], sink)
+    r.feed(0, {"ev": "progress", "name": "stdout", "text": "50%"})
+    r.feed(0, stream(["100%"]))
+    r.close()
+    assert sink.out == [("stdout", "[rank 0] 100%")]
+    assert sink.progress_seen == [(0, "50%"), (0, None)]
+
+
+def test_flood_of_identical_lines_stays_linear():
+    sink = ListSink()
+    r = Renderer([0, 1, 2, 3], sink, window=60)
+    n = 20000
+    for rank in range(4):
+        r.feed(rank, stream(["same"] * n))
+    r.close()
+    assert len(sink.out) == n
+    assert all(line == ("stdout", "[ranks 0-3] same") for line in sink.out)
+
+
+def test_a_value_mesh_shows_every_value_in_full_where_repr_stays_short():
+    """IPython's display (text and HTML) shows each rank's value whole, as a dict's would;
+    ``repr()`` keeps its short form for logs and messages."""
+    import html
+
+    import torch
+    from IPython.lib.pretty import pretty
+
+    from monarch_nb.controller.results import ValueMesh
+
+    values = {0: torch.arange(40.0).view(4, 10), 1: "x" * 100}
+    mesh = ValueMesh(values)
+    shown = pretty(mesh)
+    assert all(line.strip() in shown for line in repr(values[0]).splitlines())
+    assert "x" * 100 in shown and shown.startswith("ValueMesh({0: tensor(")
+    assert pretty(ValueMesh({0: 105, 1: 105})) == "ValueMesh({0: 105, 1: 105})"
+    assert len(repr(mesh)) < 200
+    assert html.escape(repr(values[0])) in mesh._repr_html_()
+
+
+def clear(wait=False):
+    return {"ev": "clear", "wait": wait}
+
+
+class ClearingSink(ListSink):
+    def clear(self, wait):
+        self.out.append(("clear", "wait" if wait else "now"))
+
+
+def test_clear_output_comes_after_what_the_rank_printed_before_it_and_ranks_clear_once():
+    sink = ClearingSink()
+    r = Renderer([0, 1], sink, window=5)
+    for events in (
+        lambda rank: stream([f"epoch 1 of rank {rank}"]),
+        lambda rank: {"ev": "progress", "name": "stdout", "text": "50%"},
+        lambda rank: clear(wait=True),
+        lambda rank: stream(["epoch 2"]),
+    ):
+        for rank in (0, 1):
+            r.feed(rank, events(rank))
+    r.close()
+    assert sink.out == [
+        ("stdout", "[rank 0] epoch 1 of rank 0"),
+        ("stdout", "[rank 1] epoch 1 of rank 1"),
+        ("clear", "wait"),
+        ("stdout", "[ranks 0-1] epoch 2"),
+    ]
+    cleared = [(0, None), (0, None), (1, None), (1, None)]  # the live lines go with the output
+    assert sink.progress_seen[2:8] == [(0, "50%"), (1, "50%"), *cleared]
+
+    sink = ClearingSink()
+    r = Renderer([0, 1], sink, window=5)
+    for rank in (0, 1):  # rank 0 is a whole cell ahead: rank 1's first line is cleared too
+        r.feed(rank, stream([f"epoch 1 of rank {rank}"]))
+        r.feed(rank, clear(wait=True))
+        r.feed(rank, stream(["epoch 2"]))
+    r.close()
+    assert sink.out == [
+        ("stdout", "[rank 0] epoch 1 of rank 0"),
+        ("clear", "wait"),
+        ("stdout", "[rank 1] epoch 1 of rank 1"),
+        ("clear", "wait"),
+        ("stdout", "[ranks 0-1] epoch 2"),
+    ]
+
+
+def test_clear_output_of_one_rank_clears_once_and_without_stream_clears_that_rank():
+    sink = ClearingSink()
+    r = Renderer([0, 1], sink, window=0.01)
+    r.feed(0, clear())
+    time.sleep(0.02)
+    r.tick()
+    assert sink.out == [("clear", "now")]
+
+    sink = ClearingSink()
+    r = Renderer([0, 1], sink, stream=False)
+    r.feed(0, stream(["old"]))
+    r.feed(1, stream(["kept"]))
+    r.feed(0, clear())
+    r.feed(0, stream(["new"]))
+    r.close()
+    assert sink.out == [("stdout", "[rank 0] new"), ("stdout", "[rank 1] kept")]
+
+
+def test_a_noblock_cells_display_shows_what_came_after_clear_output_and_keeps_every_line():
+    shown = []
+
+    class Handle:
+        def update(self, bundle, raw):
+            shown.append(bundle["text/plain"])
+
+    sink = LiveSink(lambda bundle, raw, display_id: Handle(), "cell on ranks 0-1")
+    r = Renderer([0], sink)
+    r.feed(0, stream(["epoch 1"]))
+    r.feed(0, clear())
+    r.feed(0, stream(["epoch 2"]))
+    r.close()
+    assert shown[-1].splitlines() == [
+        "... clear_output() hid 1 line (handle.output has all)",
+        "[rank 0] epoch 2",
+    ]
+    assert sink.lines_out == ["[rank 0] epoch 1", "[rank 0] epoch 2"]
+
+
+def test_a_noblock_cells_display_ends_saying_how_it_ended():
+    shown = []
+
+    class Handle:
+        def update(self, bundle, raw):
+            shown.append(bundle["text/plain"])
+
+    sink = LiveSink(lambda bundle, raw, display_id: Handle(), "[ranks 0-1] running")
+    sink.finish("[ranks 0-1] 2 of 2 ranks failed: handle.result() raises it")
+    assert shown[-1] == "[ranks 0-1] 2 of 2 ranks failed: handle.result() raises it"
+    assert sink.lines_out == []  # not a line the cell printed
