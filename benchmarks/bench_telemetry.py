@@ -51,9 +51,9 @@ def in_process(hz: float, seconds: float) -> dict:
 
 
 def _sampler_state(engine):
-    from monarch_nb.telemetry import metrics
+    from monarch_nb.telemetry import recorder
 
-    rec = engine.worker.extensions[metrics.EXTENSION]
+    rec = engine.worker.extensions[recorder.EXTENSION]
     monitor = rec._monitor
     probe = probe_name(monitor) if monitor is not None else "-"
     return time.monotonic(), rec.sampler.cpu_seconds, rec.sampler.samples, rec.hz, probe
@@ -218,7 +218,8 @@ def browser_rows(steps: int, repeats: int, seconds: float, training: bool = True
                         on = mode == "on"
                         magic = f"%%monarch --out _ms{'' if on else ' --no-panel'}"
                         nb.run(
-                            f"from monarch_nb import metrics, current\n"
+                            "from monarch_nb import current\n"
+                            "from monarch_nb.telemetry import metrics\n"
                             f"metrics.install(current().client, hz={2 if on else 0})"
                         )
                         nb.run(f"{magic}\n_train({steps}, {on})")

@@ -29,7 +29,8 @@ from monarch_nb.controller.start import connect, up
 from monarch_nb.controller.targets import TargetError, parse_targets
 from monarch_nb.errors import ClusterError, current
 from monarch_nb.notebook.bokeh_display import show
-from monarch_nb.telemetry.metrics import history, log
+from monarch_nb.telemetry.metrics import history
+from monarch_nb.telemetry.recorder import log
 
 __all__ = [
     "Actor",

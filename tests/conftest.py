@@ -22,7 +22,7 @@ def ctl():
 @pytest.fixture
 def clean(ctl):
     """The shared cluster with empty namespaces, made current again."""
-    from monarch_nb.controller import controller as module
+    from monarch_nb import errors as module
 
     module.set_current(ctl)
     ctl.reset()
@@ -34,7 +34,7 @@ def clean(ctl):
 def no_current():
     """No current cluster for the test (the shared one is put back after); a cluster the test
     left current is shut down."""
-    from monarch_nb.controller import controller as module
+    from monarch_nb import errors as module
 
     saved = module.current()
     module.set_current(None)

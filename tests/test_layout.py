@@ -110,3 +110,8 @@ def test_no_file_is_too_long(folder):
 def test_the_checker_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_readme_is_a_front_page():
+    lines = len((ROOT / "README.md").read_text().splitlines())
+    assert lines <= 200, f"README.md has {lines} lines; reference material belongs in docs/"

@@ -6,6 +6,7 @@ import contextlib
 import threading
 from typing import TYPE_CHECKING, Any
 
+from monarch_nb.controller import dispatch
 from monarch_nb.controller.links import Request
 from monarch_nb.controller.output import ConsoleSink, Renderer
 from monarch_nb.controller.results import Interrupted, ValueMesh
@@ -35,8 +36,10 @@ class CellHandle:
 
     def _follow(self, renderer: Renderer, timeout: float | None) -> None:
         try:
-            outcomes, stopped = self._ctl._collect(self._req, renderer, timeout, self._stop)
-            self._value = self._ctl._settle(self._req, outcomes, stopped, timeout)
+            outcomes, stopped = dispatch.collect(
+                self._ctl, self._req, renderer, timeout, self._stop
+            )
+            self._value = dispatch.settle(self._ctl, self._req, outcomes, stopped, timeout)
         except BaseException as e:
             self._error = e
         finally:
@@ -74,7 +77,7 @@ class CellHandle:
         return self._value
 
     def interrupt(self) -> None:
-        self._ctl._send_interrupt(self._req.ranks, self._req.id)
+        dispatch.send_interrupt(self._ctl, self._req.ranks, self._req.id)
         self._stop.set()
 
     @property

@@ -2,16 +2,20 @@
 
 ``!nvidia-smi``, ``files = !ls {path}``, ``%time step()``, ``%%bash`` on a cell's first line:
 IPython's own transformer rewrites them into calls on ``get_ipython()``, which on a rank is the
-rank's shell (rank_shell.py). A magic the ranks do not have is refused here, in one line,
+rank's shell (rank/shell.py). A magic the ranks do not have is refused here, in one line,
 so the cell never half-runs. Cells without IPython syntax (nearly all) pass through untouched
 and without the transformer's cost.
+
+``parse`` is the one place a cell is parsed on the controller: the magic asks it whether the
+cell ends in an expression and hands the ``ParsedCell`` to ``Controller.run``, which sends it
+as it is (the rank compiles the text once more, in its own process).
 """
 
 from __future__ import annotations
 
 import ast
-import functools
 import re
+from dataclasses import dataclass
 
 from monarch_nb.rank.shell import CELL_MAGICS, LINE_MAGICS, available
 
@@ -27,11 +31,37 @@ class UnavailableMagic(ValueError):
     """The cell uses a magic the ranks do not have; nothing was sent."""
 
 
-@functools.lru_cache(maxsize=64)
-def to_python(cell: str) -> str:
-    """The cell as Python: IPython's syntax rewritten, line numbers kept (leading blank lines
-    too) so that tracebacks point at the cell's own lines. Raises UnavailableMagic for a magic
-    the ranks lack, SyntaxError where the result does not parse."""
+@dataclass(frozen=True)
+class ParsedCell:
+    """A cell parsed on the controller: ``python`` is what the ranks run, ``source`` what was
+    written (the ranks show its lines in tracebacks where the two differ)."""
+
+    source: str
+    python: str
+    ends_in_expression: bool  # the last statement is an expression: the cell has a value
+
+
+def parse(cell: str) -> ParsedCell:
+    """The cell as Python, parsed once: IPython's syntax rewritten, line numbers kept (leading
+    blank lines too) so that tracebacks point at the cell's own lines. Raises UnavailableMagic
+    for a magic the ranks lack, SyntaxError where the cell does not parse (null bytes too)."""
+    python = _rewrite(cell)
+    try:
+        tree = ast.parse(python, "<cell>")
+    except ValueError as e:  # null bytes: Python 3.11 raises ValueError, 3.12 SyntaxError
+        if "\0" not in python:
+            raise
+        where = python[: python.find("\0")].count("\n") + 1
+        line = python.splitlines()[where - 1]
+        raise SyntaxError(str(e), ("<cell>", where, 1, line)) from None
+    if python is not cell:
+        _check_magics(tree)
+    body = tree.body
+    return ParsedCell(cell, python, bool(body) and isinstance(body[-1], ast.Expr))
+
+
+def _rewrite(cell: str) -> str:
+    """The cell with IPython's syntax rewritten into Python; ``cell`` itself where it has none."""
     first = next((line for line in cell.splitlines() if line.strip()), "")
     if not _MAYBE_IPYTHON.search(cell) and not first[:1].isspace():
         return cell
@@ -43,7 +73,6 @@ def to_python(cell: str) -> str:
     code = blank + TransformerManager().transform_cell(cell[len(blank) :])
     if code.rstrip("\n") == cell.rstrip("\n"):  # nothing of IPython's after all (``# why?``)
         return cell
-    _check_magics(ast.parse(code, "<cell>"))
     return code
 
 

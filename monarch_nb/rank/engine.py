@@ -9,23 +9,19 @@ flowing).
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import builtins
 import collections
 import contextlib
 import ctypes
 import inspect
-import linecache
 import os
 import platform
 import socket
 import sys
 import threading
 import time
-import traceback
 import types
-import uuid
 from typing import Any
 
 import cloudpickle
@@ -36,12 +32,13 @@ from distributed.core import Status
 from monarch_nb.rank import comms as rank_comms
 from monarch_nb.rank import session
 from monarch_nb.rank import shell as rank_shell
-from monarch_nb.rank.capture import Console, current_capture, install_routers
+from monarch_nb.rank.capture import Console, install_routers
+from monarch_nb.rank.cells import compile_cell, format_error, pack, plain_error
+from monarch_nb.rank.display import display, install_display
 from monarch_nb.rank.engine_io import Channel, Wire
 
 PLUGIN_NAME = "monarch-engine"
 IDENTITY = ("rank", "world_size", "local_rank", "host", "device", "display", "get_ipython")
-CELL_PREFIX = "<monarch cell "
 MAX_CANCELLED = 1024  # ids of interrupted-before-they-ran requests remembered
 
 
@@ -85,7 +82,7 @@ class Engine:
         self._aloop: asyncio.AbstractEventLoop | None = None
         self.console = Console()  # where its cells' output, and their threads', goes
         install_routers(fds=_captures_fds(worker))
-        _install_display()
+        install_display()
         rank_comms.install(self)  # widgets made on this rank reach the notebook
         self._thread = threading.Thread(target=self._main, name="monarch-engine", daemon=True)
         self._thread.start()
@@ -176,7 +173,7 @@ class Engine:
                 channel.reply({"ev": "done", "id": cid, "status": "cancelled"})
                 return
             self._current, self._started_at = cid, time.time()
-        reply = {"status": "error", "error": _plain_error("interrupted before it finished")}
+        reply = {"status": "error", "error": plain_error("interrupted before it finished")}
         try:
             if msg["op"] == "execute":
                 reply = self._execute(channel, msg)
@@ -185,9 +182,9 @@ class Engine:
             elif msg["op"] == "setup":
                 reply = self._setup(msg)
             else:
-                reply = {"status": "error", "error": _plain_error(f"unknown op {msg['op']!r}")}
+                reply = {"status": "error", "error": plain_error(f"unknown op {msg['op']!r}")}
         except Exception as e:
-            reply = {"status": "error", "error": self._format_error(e)}
+            reply = {"status": "error", "error": format_error(e)}
         finally:
             with self._lock:
                 self._current = self._started_at = None
@@ -227,16 +224,7 @@ class Engine:
             return False, e
 
     def _execute(self, channel: Channel, msg: dict[str, Any]) -> dict[str, Any]:
-        code, filename = msg["code"], f"{CELL_PREFIX}{msg.get('n', 0)}>"
-        # Tracebacks show the cell as written (``!ls``), not the Python it became.
-        source = msg.get("source", code)
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-        tree = ast.parse(code, filename)
-        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-        flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
-        body = compile(tree, filename, "exec", flags=flags)
-        expr = compile(ast.Expression(last.value), filename, "eval", flags=flags) if last else None
-        silent = _ends_in_semicolon(source)
+        body, expr, silent = compile_cell(msg)
 
         def run():
             self._eval(body)
@@ -246,10 +234,10 @@ class Engine:
             ok, value = self._run_user(run)
         channel.outbox.end_cell(msg["id"])
         if not ok:
-            return {"status": "error", "error": self._format_error(value)}
+            return {"status": "error", "error": format_error(value)}
         if expr is None or silent:
             return {"status": "ok"}
-        return {"status": "ok", **_pack(value)}
+        return {"status": "ok", **pack(value)}
 
     @contextlib.contextmanager
     def as_main(self):
@@ -287,8 +275,8 @@ class Engine:
             ok, value = self._run_user(lambda: fn(self, *args))
         channel.outbox.end_cell(msg["id"])
         if not ok:
-            return {"status": "error", "error": self._format_error(value)}
-        return {"status": "ok", **_pack(value)}
+            return {"status": "error", "error": format_error(value)}
+        return {"status": "ok", **pack(value)}
 
     def _setup(self, msg: dict[str, Any]) -> dict[str, Any]:
         identity = {k: msg[k] for k in ("rank", "world_size", "local_rank")}
@@ -319,33 +307,6 @@ class Engine:
         self.namespace["__builtins__"] = builtins
         self.namespace.update(self._identity_names())
 
-    def _format_error(self, exc: BaseException) -> dict[str, Any]:
-        te = traceback.TracebackException.from_exception(exc)
-        # The rank shell's own frames (between a cell's %time line and its code) are noise.
-        frames = [f for f in te.stack if f.filename != rank_shell.__file__]
-        first = next((i for i, f in enumerate(frames) if f.filename.startswith(CELL_PREFIX)), None)
-        if first is None:  # a function sent by the controller (apply): from the user's code on
-            first = next((i for i, f in enumerate(frames) if not _ours(f.filename)), len(frames))
-        frames = frames[first:]
-        if isinstance(exc, KeyboardInterrupt):
-            # Where it landed inside our own code (a !cmd's output pump, %monarch run) is
-            # noise: the trace ends at the user's line, and is empty for a controller call.
-            ours = next((i for i, f in enumerate(frames) if _ours(f.filename)), len(frames))
-            frames = frames[:ours]
-        te.stack = traceback.StackSummary.from_list(frames)
-        lines = "".join(te.format()).rstrip("\n").splitlines()
-        evalue = str(exc)
-        if isinstance(exc, KeyboardInterrupt) and not evalue:
-            evalue = "interrupted"
-        return {"ename": type(exc).__name__, "evalue": evalue, "traceback": lines}
-
-
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # monarch_nb/
-
-
-def _ours(filename: str) -> bool:
-    return os.path.abspath(filename).startswith(_PACKAGE)
-
 
 def _captures_fds(worker) -> bool:
     """Whether cells get what is written to fds 1 and 2: those are the whole process's, so only
@@ -365,25 +326,6 @@ def _ssl_context(worker):
     if not worker.address.startswith("tls://"):
         return None
     return worker.security.get_listen_args("worker").get("ssl_context")
-
-
-def _ends_in_semicolon(code: str) -> bool:
-    """Whether the cell's value is hidden: its last token is ``;``, a comment may follow
-    (``rank;  # hide``), as IPython decides."""
-    from IPython.core.displayhook import DisplayHook
-
-    return DisplayHook.semicolon_at_end_of_expression(code)
-
-
-def _plain_error(text: str) -> dict[str, Any]:
-    return {"ename": "RuntimeError", "evalue": text, "traceback": []}
-
-
-def _pack(value: Any) -> dict[str, Any]:
-    try:
-        return {"value": cloudpickle.dumps(value, protocol=5)}
-    except Exception as e:
-        return {"value_error": f"{type(value).__name__} cannot be pickled: {e}"}
 
 
 def _collectives() -> int:
@@ -420,88 +362,6 @@ def _device_info(local_rank: int) -> dict[str, Any]:
         "name": platform.processor() or platform.machine() or "cpu",
         "memory": psutil.virtual_memory().total,
     }
-
-
-# -- rich output ----------------------------------------------------------------------------
-_original_display = None
-_original_clear_output = None
-
-
-def display(*objs, raw: bool = False, display_id=None, update: bool = False, **kwargs):
-    """IPython's display() for cells on a rank: each object's mimebundle goes to the notebook.
-    ``display_id=True`` returns a handle whose ``update()`` (or ``update_display``) replaces
-    that output in place, as in IPython."""
-    cap = current_capture()
-    if cap is None:
-        if _original_display is None:
-            return print(*objs)
-        return _original_display(*objs, raw=raw, display_id=display_id, update=update, **kwargs)
-    outbox, cell_id = cap
-    if display_id is True:
-        display_id = f"monarch-{uuid.uuid4().hex}"
-    for obj in objs:
-        if raw:
-            data, metadata = obj, kwargs.get("metadata") or {}
-        else:
-            data, metadata = _formatter().format(obj)
-        ev = {"ev": "display", "id": cell_id, "data": data, "metadata": metadata}
-        if display_id is not None:
-            ev.update(display_id=display_id, update=update)
-        outbox.emit(ev)
-    if display_id is not None and not update:
-        from IPython.display import DisplayHandle
-
-        return DisplayHandle(display_id)
-    return None
-
-
-def clear_output(wait: bool = False) -> None:
-    """IPython's clear_output() for cells on a rank: clears the cell's output in the notebook,
-    as it does in a kernel (``wait=True``: once the next output arrives). Where several ranks
-    clear together, the notebook clears once."""
-    cap = current_capture()
-    if cap is None:
-        if _original_clear_output is not None:
-            _original_clear_output(wait=wait)
-        return
-    outbox, cell_id = cap
-    outbox.emit({"ev": "clear", "id": cell_id, "wait": bool(wait)})
-
-
-_fmt = None
-
-
-def _formatter():
-    global _fmt
-    if _fmt is None:
-        from IPython.core.formatters import DisplayFormatter
-
-        _fmt = DisplayFormatter()
-        _fmt.formatters["image/png"].for_type_by_name("matplotlib.figure", "Figure", _png)
-    return _fmt
-
-
-def _png(fig) -> bytes | None:
-    from IPython.core.pylabtools import print_figure
-
-    return print_figure(fig, "png")
-
-
-def _install_display() -> None:
-    """Make ``from IPython.display import display, clear_output`` in a cell reach the notebook
-    too."""
-    global _original_display, _original_clear_output
-    import IPython.core.display_functions as functions
-    import IPython.display
-
-    if functions.display is not display:
-        _original_display = functions.display
-        functions.display = display
-        IPython.display.display = display
-    if functions.clear_output is not clear_output:
-        _original_clear_output = functions.clear_output
-        functions.clear_output = clear_output
-        IPython.display.clear_output = clear_output
 
 
 class EnginePlugin(WorkerPlugin):

@@ -17,11 +17,11 @@ import pytest
 from _wait import wait_for
 
 import monarch_nb
+from monarch_nb import errors as controller_errors
 from monarch_nb.actors import ActorError, SupervisionError
 from monarch_nb.actors import actor as actors_context
 from monarch_nb.actors import mesh as actors
 from monarch_nb.actors.wire import MAX_SPANS, Future, _Sources
-from monarch_nb.controller import controller as controller_module
 from monarch_nb.controller.results import ValueMesh
 
 cloudpickle.register_pickle_by_value(helpers)
@@ -205,7 +205,7 @@ def test_sync_code_may_run_an_event_loop_of_its_own(mesh):
 
 
 def test_await_in_a_notebook_cell(shell, cell, ctl, counters):
-    controller_module.set_current(ctl)
+    controller_errors.set_current(ctl)
     shell.user_ns["counters"] = counters
     value = cell("result = await counters.incr.call(2)\nresult.values()")
     assert value == [12, 12]
@@ -497,14 +497,14 @@ def test_arguments_that_cannot_be_pickled_are_named(counters, mesh):
 
 
 def test_proc_mesh_without_a_cluster(ctl):
-    controller_module.set_current(None)
+    controller_errors.set_current(None)
     try:
         with pytest.raises(monarch_nb.ClusterError) as e:
             actors.proc_mesh()
         assert "no cluster is up: start one with %monarch up" in one_line(e)
         assert e.value._render_traceback_() == [f"ClusterError: {e.value}"]  # IPython: one line
     finally:
-        controller_module.set_current(ctl)
+        controller_errors.set_current(ctl)
 
 
 def test_proc_mesh_inside_an_actor_says_to_pass_one_in_and_underscored_endpoints_work(mesh):
@@ -582,15 +582,13 @@ def test_a_worker_killed_mid_call_raises_supervision_error(own_cluster, cell):
     dead = actors.dead_actors(own_cluster)
     assert [(name, rank) for name, rank, _ in dead] == [("pingers", 1), ("victims", 1)]
     assert all(cause for _, _, cause in dead)
-    from monarch_nb.controller import controller
-
-    saved = controller.current()
-    controller.set_current(own_cluster)
+    saved = controller_errors.current()
+    controller_errors.set_current(own_cluster)
     try:
         cell("%monarch status")
         assert "dead actors:" in cell.out and "victims on rank 1:" in cell.out
     finally:
-        controller.set_current(saved)
+        controller_errors.set_current(saved)
 
     # The nanny's replacement takes rank 1; a new mesh spawns on it (the plugin is registered
     # for workers that join later), while the old actors stay dead.

@@ -354,6 +354,10 @@ def test_noblock_interrupt_and_a_blocking_cell_waits_for_busy_ranks(clean, capsy
     clean.push({"late": 1})  # a push queues behind the cell as a cell would, and says so
     assert "rank 1 is busy with an earlier cell; this push waits" in capsys.readouterr().err
     handle.result(timeout=10)
+    handle = clean.run("import time\ntime.sleep(0.5)", block=False, targets=1)
+    clean.scatter("part", [1, 2])  # named as asked, not as the push it is made of
+    assert "rank 1 is busy with an earlier cell; this scatter waits" in capsys.readouterr().err
+    handle.result(timeout=10)
 
 
 def test_a_request_queued_behind_a_noblock_cell_is_cancelled_not_stuck(clean):

@@ -24,8 +24,8 @@ from _wait import running, wait_for
 
 import monarch_nb
 from monarch_nb import CellError, CellTimeout, ClusterError, registry
+from monarch_nb import errors as module
 from monarch_nb.actors import mesh as actors
-from monarch_nb.controller import controller as module
 from monarch_nb.controller import dist
 
 cloudpickle.register_pickle_by_value(actor_helpers)

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 import monarch_nb
-from monarch_nb.controller import controller as module
+from monarch_nb import errors as module
 
 TCP_TIMEOUT = 11  # s: distributed.comm.timeouts.tcp everywhere here (Dask allows no less than 11)
 WORKER_TTL = 5  # s: distributed.scheduler.worker-ttl

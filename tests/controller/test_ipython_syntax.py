@@ -12,7 +12,7 @@ from _wait import running
 from IPython.core.magics.execution import TimeitResult
 
 from monarch_nb import CellError, CellTimeout
-from monarch_nb.controller.syntax import UnavailableMagic, to_python
+from monarch_nb.controller.syntax import UnavailableMagic, parse
 from monarch_nb.rank.shell import pip_turn
 
 
@@ -148,11 +148,11 @@ def test_magics_the_ranks_lack_are_refused_before_anything_runs(cell, clean, sou
 
 def test_cells_without_ipython_syntax_are_sent_as_written():
     for code in ["x = 1\nx % 3", "s = 'a?'  # why?", "a = b != c", 'print("%d" % 3)']:
-        assert to_python(code) is code
-    assert to_python("  x = 1\n  x").splitlines() == ["x = 1", "x"]  # an indented cell
-    assert to_python("\n\n!ls").splitlines() == ["", "", "get_ipython().system('ls')"]
+        assert parse(code).python is code
+    assert parse("  x = 1\n  x").python.splitlines() == ["x = 1", "x"]  # an indented cell
+    assert parse("\n\n!ls").python.splitlines() == ["", "", "get_ipython().system('ls')"]
     code = "s = '''\n!not a command\n'''"
-    assert to_python(code) is code
+    assert parse(code).python is code
 
 
 def test_a_syntax_error_in_a_cell_with_commands_is_reported_before_sending(cell, clean):

@@ -16,7 +16,7 @@ from _wait import running, wait_for
 
 import monarch_nb
 from monarch_nb import ClusterError
-from monarch_nb.controller import controller as module
+from monarch_nb import errors as module
 
 
 def _mine(out: str, rank: int) -> list[str]:

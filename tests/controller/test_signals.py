@@ -20,7 +20,7 @@ from _wait import wait_for
 
 import monarch_nb
 from monarch_nb import CellError, CellTimeout, ClusterError
-from monarch_nb.controller import controller as module
+from monarch_nb import errors as module
 from monarch_nb.controller.results import Interrupted
 
 

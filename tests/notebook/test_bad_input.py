@@ -21,7 +21,8 @@ from tornado.httpclient import HTTPClientError
 
 from monarch_nb import ActorError, registry
 from monarch_nb.actors import mesh as actors
-from monarch_nb.notebook.magic import MonarchMagics, _pop_targets, split_items
+from monarch_nb.notebook.magic import MonarchMagics
+from monarch_nb.notebook.magic_args import pop_targets, split_items
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
@@ -278,7 +279,7 @@ def test_fuzz_the_magic_argument_parser(shell, line):
 def test_fuzz_the_push_item_splitter(text):
     try:
         items = split_items(text)
-        targets, rest = _pop_targets(text)
+        targets, rest = pop_targets(text)
     except UsageError as e:
         assert "\n" not in str(e).strip("\n") or "\n" in text
         return

@@ -9,7 +9,9 @@ import threading
 import pytest
 
 import monarch_nb
-from monarch_nb.notebook.magic import MonarchMagics, split_items
+from monarch_nb.notebook import magic
+from monarch_nb.notebook.magic import MonarchMagics
+from monarch_nb.notebook.magic_args import split_items
 
 
 def test_everything_before_up_says_to_start_a_cluster(cell, no_current):
@@ -206,6 +208,13 @@ def test_help_of_every_command_and_of_the_cell_magic(cell, no_current):
     cell("%monarch", expect_error=True)
     assert f"{', '.join(commands[:-1])} or {commands[-1]}" in str(cell.error)
     assert all(command in MonarchMagics.monarch.__doc__ for command in commands)
+
+
+def test_every_command_of_the_parser_has_a_handler(shell):
+    """The commands are written once, in the parser; each reaches its function (push and
+    scatter read their raw text, auto toggles the magics' own state)."""
+    handled = {*magic._COMMANDS, "auto", "push", "scatter"}
+    assert sorted(MonarchMagics(shell).parser.commands) == sorted(handled)
 
 
 def test_push_and_scatter_targets_keep_the_expression_as_written(cell, clean):

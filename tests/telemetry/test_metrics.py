@@ -19,6 +19,7 @@ import torch
 import monarch_nb
 from monarch_nb import CellError
 from monarch_nb.telemetry import metrics
+from monarch_nb.telemetry import recorder as on_worker
 from monarch_nb.telemetry import samplers as telemetry
 from monarch_nb.telemetry import store as metrics_store
 from monarch_nb.telemetry.samplers import FIELDS
@@ -54,7 +55,7 @@ def unique(prefix):
 def test_log_in_a_cell_reaches_history(clean, hub):
     name = unique("loss")
     clean.run(
-        "import torch\nimport monarch_nb.telemetry.metrics as m\n"
+        "import torch\nimport monarch_nb.telemetry.recorder as m\n"
         "for i in range(5):\n"
         f"    m.log(step=10 * i, {name}=rank + i / 10, lr=torch.tensor(0.5))\n",
         stream=False,
@@ -104,8 +105,7 @@ def test_history_catches_up_on_a_thread_that_runs_an_event_loop(clean, hub):
 def test_step_defaults_to_previous_plus_one(clean, hub):
     name = unique("acc")
     clean.run(
-        f"from monarch_nb import metrics\nmetrics.log(step=7, {name}=1)\n"
-        f"metrics.log({name}=2)\nmetrics.log({name}=3)",
+        f"from monarch_nb import log\nlog(step=7, {name}=1)\nlog({name}=2)\nlog({name}=3)",
         stream=False,
     )
     rows = wait_for(
@@ -118,7 +118,7 @@ def test_step_defaults_to_previous_plus_one(clean, hub):
 
 def test_non_numeric_value_names_the_key(clean, hub):
     with pytest.raises(CellError) as info:
-        clean.run("from monarch_nb import metrics\nmetrics.log(step=1, loss=0.5, note='hi')")
+        clean.run("from monarch_nb import log\nlog(step=1, loss=0.5, note='hi')")
     for err in info.value.errors.values():
         assert err.ename == "TypeError"
         assert "note" in err.evalue and "str" in err.evalue and "\n" not in err.evalue
@@ -150,12 +150,12 @@ def test_telemetry_samples_flow_for_every_rank(ctl, hub):
 
 
 def _worker_hz(engine):
-    return engine.worker.extensions[metrics.EXTENSION].hz
+    return engine.worker.extensions[on_worker.EXTENSION].hz
 
 
 def test_scheduler_snapshot_is_json(ctl, hub):
     name = unique("gnorm")
-    ctl.run(f"import monarch_nb\nmonarch_nb.metrics.log({name}=float('nan'), ok=1.5)", quiet=True)
+    ctl.run(f"import monarch_nb\nmonarch_nb.log({name}=float('nan'), ok=1.5)", quiet=True)
     snap = wait_for(
         lambda: (
             (s := hub.scheduler_snapshot())
@@ -186,11 +186,11 @@ def test_store_stays_bounded_under_a_flood(ctl, hub):
         before = {r: rs.messages for r, rs in hub.store.ranks.items()}
         start = time.monotonic()
         mesh = ctl.run(
-            "import time\nfrom monarch_nb import metrics\n"
+            "import time\nfrom monarch_nb import log\n"
             "t0, n = time.monotonic(), 0\n"
             "while time.monotonic() - t0 < 10.0:\n"
             "    while n < (time.monotonic() - t0) * 10_000:\n"
-            f"        metrics.log({name}=n * 0.5)\n"
+            f"        log({name}=n * 0.5)\n"
             "        n += 1\n"
             "    time.sleep(0.001)\n"
             "n",
@@ -212,9 +212,9 @@ def test_store_stays_bounded_under_a_flood(ctl, hub):
             rows = sum(len(b["scalars"]) for b in mine)
             dropped = sum(b["dropped"] for b in mine)
             assert rows + dropped == calls[rank]  # every call is a row or counted as thinned
-            assert max(len(b["scalars"]) for b in mine) <= metrics.MAX_ROWS_PER_FLUSH + 1
+            assert max(len(b["scalars"]) for b in mine) <= on_worker.MAX_ROWS_PER_FLUSH + 1
             sent = hub.store.ranks[rank].messages - before.get(rank, 0)
-            assert sent <= (window + 1) / metrics.FLUSH_INTERVAL  # batched, not one per call
+            assert sent <= (window + 1) / on_worker.FLUSH_INTERVAL  # batched, not one per call
             assert len(hub.store.ranks[rank].scalars) == keep  # full, and no fuller
         snap = hub.scheduler_snapshot()
         for r in snap["ranks"]:
@@ -239,13 +239,13 @@ def _broker_length(dask_scheduler=None):
 # -- without a cluster ---------------------------------------------------------------------------
 def test_outside_a_cluster_warns_once_and_does_nothing(monkeypatch, recorder):
     # Even where a worker shares this process, the notebook's main thread is not a rank.
-    monkeypatch.setattr(metrics, "_warned_outside", False)
+    monkeypatch.setattr(on_worker, "_warned_outside", False)
     with pytest.warns(UserWarning, match="outside a cluster worker"):
-        monarch_nb.telemetry.metrics.log(step=1, loss=0.5)
+        monarch_nb.log(step=1, loss=0.5)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        metrics.log(step=2, loss=0.25)
-        metrics.log(loss="not even checked here")
+        on_worker.log(step=2, loss=0.25)
+        on_worker.log(loss="not even checked here")
     assert recorder.drain() is None
 
 
@@ -262,8 +262,8 @@ class FakeWorker:
 
 @pytest.fixture
 def recorder(monkeypatch):
-    rec = metrics.Recorder(FakeWorker(), hz=0, flush_interval=0.5, max_rows=8)
-    monkeypatch.setattr(metrics, "_recorders", [rec])
+    rec = on_worker.Recorder(FakeWorker(), hz=0, flush_interval=0.5, max_rows=8)
+    monkeypatch.setattr(on_worker, "_recorders", [rec])
     return rec
 
 
@@ -286,15 +286,17 @@ def off_main(fn):
 
 
 def test_values_are_checked(recorder):
-    off_main(lambda: metrics.log(step=3, a=1, b=2.5, c=True, d=torch.tensor([4.0]), e=np.int64(5)))
+    off_main(
+        lambda: on_worker.log(step=3, a=1, b=2.5, c=True, d=torch.tensor([4.0]), e=np.int64(5))
+    )
     with pytest.raises(TypeError, match=r"^log\(\): loss must be a number, got str"):
-        off_main(lambda: metrics.log(loss="high"))
+        off_main(lambda: on_worker.log(loss="high"))
     with pytest.raises(TypeError, match=r"z must be a number or a one-element tensor.*\(3,\)"):
-        off_main(lambda: metrics.log(z=torch.ones(3)))
+        off_main(lambda: on_worker.log(z=torch.ones(3)))
     with pytest.raises(TypeError, match="w must be a number, got complex"):
-        off_main(lambda: metrics.log(w=1j))
+        off_main(lambda: on_worker.log(w=1j))
     with pytest.raises(TypeError, match="step must be an integer"):
-        off_main(lambda: metrics.log(step=1.5, a=1))
+        off_main(lambda: on_worker.log(step=1.5, a=1))
     msg = recorder.drain()
     assert msg["scalars"] == [
         (3, msg["scalars"][0][1], {"a": 1, "b": 2.5, "c": 1, "d": 4.0, "e": 5})
@@ -303,7 +305,7 @@ def test_values_are_checked(recorder):
 
 
 def test_fast_logging_is_thinned_evenly_and_bounded(recorder):
-    off_main(lambda: [metrics.log(x=i) for i in range(1000)])
+    off_main(lambda: [on_worker.log(x=i) for i in range(1000)])
     msg = recorder.drain()
     steps = [s for s, _, _ in msg["scalars"]]
     assert len(steps) <= 9 and steps == sorted(steps)
@@ -311,13 +313,13 @@ def test_fast_logging_is_thinned_evenly_and_bounded(recorder):
     assert steps[0] < 300  # the kept rows span the interval, not only its end
     assert len(steps) + msg["dropped"] == 1000
     assert recorder.drain() is None
-    off_main(lambda: metrics.log(x=1))
+    off_main(lambda: on_worker.log(x=1))
     assert [s for s, _, _ in recorder.drain()["scalars"]] == [1000]
 
 
 def test_flush_sends_one_event_per_batch(recorder):
     recorder._add_sample({"time": 1.0})
-    off_main(lambda: [metrics.log(step=i, y=i) for i in range(5)])
+    off_main(lambda: [on_worker.log(step=i, y=i) for i in range(5)])
     recorder.flush()
     recorder.flush()  # nothing new: nothing sent
     [(topic, msg)] = recorder.worker.events
@@ -416,7 +418,7 @@ def test_restart_keeps_telemetry_flowing(ctl, hub):
         what="samples from the restarted workers",
     )
     name = unique("after_restart")
-    ctl.run(f"from monarch_nb import metrics\nmetrics.log(step=1, {name}=rank)", quiet=True)
+    ctl.run(f"from monarch_nb import log\nlog(step=1, {name}=rank)", quiet=True)
     wait_for(lambda: all(name in hub.latest()[r]["values"] for r in range(ctl.world_size)))
 
 

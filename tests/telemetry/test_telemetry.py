@@ -9,6 +9,7 @@ import types
 
 import pytest
 
+from monarch_nb.telemetry import devices, probes
 from monarch_nb.telemetry import samplers as telemetry
 from monarch_nb.telemetry.samplers import FIELDS
 
@@ -132,8 +133,8 @@ def no_torch_gpu(monkeypatch):
     def no_gpu(*args):
         raise RuntimeError("torch sees no GPU")
 
-    monkeypatch.setattr(telemetry, "torch_ids", lambda index: {})
-    monkeypatch.setattr(telemetry, "TorchCudaProbe", no_gpu)
+    monkeypatch.setattr(probes, "torch_ids", lambda index: {})
+    monkeypatch.setattr(probes, "TorchCudaProbe", no_gpu)
 
 
 @pytest.mark.parametrize(
@@ -152,7 +153,7 @@ def test_nvml_maps_the_workers_device(monkeypatch, no_torch_gpu, visible, index,
     nv = fake_pynvml(NV_DEVICES)
     monkeypatch.setitem(sys.modules, "pynvml", nv)
     env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
-    probe = telemetry.NvmlProbe(index, env)
+    probe = probes.NvmlProbe(index, env)
     assert probe.handle == expect
     got = probe.read()
     d = NV_DEVICES[expect]
@@ -171,29 +172,29 @@ def test_nvml_maps_the_workers_device(monkeypatch, no_torch_gpu, visible, index,
 def test_nvml_prefers_the_pci_address_torch_reports(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(NV_DEVICES))
     # CUDA's default order (fastest first) can differ from NVML's: torch's PCI address decides.
-    monkeypatch.setattr(telemetry, "torch_ids", lambda index: {"bdf": (0, 0x58, 0)})
-    probe = telemetry.NvmlProbe(0, {"CUDA_VISIBLE_DEVICES": "0"})
+    monkeypatch.setattr(probes, "torch_ids", lambda index: {"bdf": (0, 0x58, 0)})
+    probe = probes.NvmlProbe(0, {"CUDA_VISIBLE_DEVICES": "0"})
     assert probe.handle == 2
     monkeypatch.setattr(
-        telemetry, "torch_ids", lambda index: {"uuid": "dddddddd-1111-2222-3333-444455556666"}
+        probes, "torch_ids", lambda index: {"uuid": "dddddddd-1111-2222-3333-444455556666"}
     )
-    assert telemetry.NvmlProbe(0, {}).handle == 3
+    assert probes.NvmlProbe(0, {}).handle == 3
 
 
 def test_nvml_unsupported_queries_become_none(monkeypatch, no_torch_gpu):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(NV_DEVICES, broken={"power", "temp"}))
-    probe = telemetry.NvmlProbe(0, {})
-    for _ in range(telemetry.FAILURES_BEFORE_GIVING_UP + 1):
+    probe = probes.NvmlProbe(0, {})
+    for _ in range(probes.FAILURES_BEFORE_GIVING_UP + 1):
         got = probe.read()
     assert got["power"] is None and got["temp"] is None
     assert got["util"] == 10.0 and got["mem_used"] == GIB
-    assert probe._failures["power"] == telemetry.FAILURES_BEFORE_GIVING_UP  # no longer asked
+    assert probe._failures["power"] == probes.FAILURES_BEFORE_GIVING_UP  # no longer asked
 
 
 def test_nvml_no_such_device_falls_back_without_error(monkeypatch, no_torch_gpu):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(NV_DEVICES))
     with pytest.raises(LookupError, match="GPU-ffff"):
-        telemetry.NvmlProbe(0, {"CUDA_VISIBLE_DEVICES": "GPU-ffff"})
+        probes.NvmlProbe(0, {"CUDA_VISIBLE_DEVICES": "GPU-ffff"})
     # torch on this machine has no GPU either: the sample has no device fields, but no error.
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-ffff")
     monitor = telemetry.Monitor({"kind": "cuda", "torch": "cuda:0", "name": "H100"})
@@ -305,7 +306,7 @@ def fake_amdsmi(memory_api=True, power=None):
 def test_amdsmi_maps_hip_order_by_pci_address(monkeypatch, tmp_path, no_torch_gpu, env, index, bus):
     smi = fake_amdsmi()
     monkeypatch.setitem(sys.modules, "amdsmi", smi)
-    probe = telemetry.AmdSmiProbe(index, env, root=kfd_root(tmp_path))
+    probe = probes.AmdSmiProbe(index, env, root=kfd_root(tmp_path))
     assert probe.handle == f"h{bus:02x}"
     assert probe.read() == {
         "device": f"MI300X@{bus:02x}",
@@ -321,15 +322,15 @@ def test_amdsmi_maps_hip_order_by_pci_address(monkeypatch, tmp_path, no_torch_gp
 
 def test_amdsmi_prefers_the_pci_address_torch_reports(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "amdsmi", fake_amdsmi())
-    monkeypatch.setattr(telemetry, "torch_ids", lambda index: {"bdf": (0, 0x41, 0)})
-    probe = telemetry.AmdSmiProbe(0, {"HIP_VISIBLE_DEVICES": "0"}, root=kfd_root(tmp_path))
+    monkeypatch.setattr(probes, "torch_ids", lambda index: {"bdf": (0, 0x41, 0)})
+    probe = probes.AmdSmiProbe(0, {"HIP_VISIBLE_DEVICES": "0"}, root=kfd_root(tmp_path))
     assert probe.handle == "h41"
 
 
 def test_amdsmi_older_api_and_missing_readings(monkeypatch, tmp_path, no_torch_gpu):
     power = {"current_socket_power": "N/A", "average_socket_power": 250}
     monkeypatch.setitem(sys.modules, "amdsmi", fake_amdsmi(memory_api=False, power=power))
-    got = telemetry.AmdSmiProbe(0, {}, root=kfd_root(tmp_path)).read()
+    got = probes.AmdSmiProbe(0, {}, root=kfd_root(tmp_path)).read()
     assert got["mem_used"] == 0xC1 * 2**20  # vram_usage is in MB
     assert got["mem_total"] == 192 * GIB
     assert got["power"] == 250.0
@@ -338,7 +339,7 @@ def test_amdsmi_older_api_and_missing_readings(monkeypatch, tmp_path, no_torch_g
 def test_amdsmi_unknown_device_or_broken_library_degrades(monkeypatch, tmp_path, no_torch_gpu):
     monkeypatch.setitem(sys.modules, "amdsmi", fake_amdsmi())
     with pytest.raises(LookupError):
-        telemetry.AmdSmiProbe(0, {"HIP_VISIBLE_DEVICES": "7"}, root=kfd_root(tmp_path))
+        probes.AmdSmiProbe(0, {"HIP_VISIBLE_DEVICES": "7"}, root=kfd_root(tmp_path))
     broken = fake_amdsmi()
 
     def fail(*a):
@@ -353,8 +354,8 @@ def test_amdsmi_unknown_device_or_broken_library_degrades(monkeypatch, tmp_path,
 
 
 def test_pci_address_spellings():
-    assert telemetry.parse_bdf("0000:c1:00.0") == (0, 0xC1, 0)
-    assert telemetry.parse_bdf(b"00000000:3B:00.0") == (0, 0x3B, 0)
-    assert telemetry.parse_bdf("0001:02:1f.0") == (1, 2, 0x1F)
-    assert telemetry.parse_bdf("N/A") is None
-    assert telemetry.kfd_gpus("/nonexistent") == []
+    assert devices.parse_bdf("0000:c1:00.0") == (0, 0xC1, 0)
+    assert devices.parse_bdf(b"00000000:3B:00.0") == (0, 0x3B, 0)
+    assert devices.parse_bdf("0001:02:1f.0") == (1, 2, 0x1F)
+    assert devices.parse_bdf("N/A") is None
+    assert devices.kfd_gpus("/nonexistent") == []

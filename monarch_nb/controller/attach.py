@@ -1,0 +1,186 @@
+"""The rank table, and attaching the controller to the ranks' engines: when it starts, after a
+restart, and when a nanny replaces a worker that died (the replacement takes the same rank)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import threading
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from monarch_nb.controller import gathering
+from monarch_nb.controller.links import Link, RankInfo, Request
+from monarch_nb.controller.output import Renderer
+from monarch_nb.errors import ClusterError
+
+if TYPE_CHECKING:
+    from monarch_nb.controller.controller import Controller
+
+SETUP_TIMEOUT = 300
+REPLACE_TIMEOUT = 60  # seconds to wait for a nanny to replace a worker that died
+
+
+def wait_for_workers(ctl: Controller, n: int, timeout: float) -> dict[str, dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        workers = ctl.client.scheduler_info(n_workers=-1)["workers"]
+        if len(workers) >= n:
+            return workers
+        if time.monotonic() > deadline:
+            raise ClusterError(f"only {len(workers)} of {n} workers joined within {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+def rank_table(
+    workers: Mapping[str, dict], previous: list[RankInfo] | None = None
+) -> list[RankInfo]:
+    """Ranks in a deterministic order: worker names 0..N-1 where the cluster gave them (a
+    local cluster, and across restarts), else sorted by host, then address."""
+    entries = [
+        (addr, w.get("name", addr), w.get("host", ""), w.get("local_directory", ""))
+        for addr, w in workers.items()
+    ]
+    names = [entry[1] for entry in entries]
+    if previous:
+        order = {p.name: p.rank for p in previous}
+        if set(names) == set(order):
+            entries.sort(key=lambda e: order[e[1]])
+            return _with_local_ranks(entries)
+    if sorted(n for n in names if isinstance(n, int)) == list(range(len(entries))):
+        entries.sort(key=lambda e: e[1])
+    else:
+        entries.sort(key=lambda e: (e[2], e[0]))
+    return _with_local_ranks(entries)
+
+
+def _with_local_ranks(entries) -> list[RankInfo]:
+    per_host: dict[str, int] = {}
+    table = []
+    for rank, (addr, name, host, incarnation) in enumerate(entries):
+        local = per_host.get(host, 0)
+        per_host[host] = local + 1
+        table.append(RankInfo(rank, name, addr, host, local, incarnation=incarnation))
+    return table
+
+
+def attach_all(ctl: Controller, workers: Mapping[str, dict]) -> None:
+    """A rank per worker (in the order of the ranks before, where the workers are the same),
+    each attached."""
+    ctl.ranks = rank_table(workers, previous=ctl.ranks or None)
+    if not ctl.ranks:
+        raise ClusterError("the cluster has no workers; scale it up and connect again")
+    ctl._links = {}
+    open_links(ctl, ctl.ranks)
+
+
+def reattach(ctl: Controller) -> None:
+    """Attach to the workers a restart brought up, and form the process group again."""
+    attach_all(ctl, wait_for_workers(ctl, len(ctl.ranks), timeout=60))
+    ctl._detached = False
+    ctl._form_group()
+
+
+def open_links(ctl: Controller, infos: list[RankInfo]) -> None:
+    """Attach to the engines of ``infos`` and wait until each has set up its namespace."""
+    on_lost = functools.partial(lost, ctl)
+    links = {info.rank: Link(info, ctl._router, on_lost) for info in infos}
+    ctl._links.update(links)
+    setup = Request("setup", list(links))
+    ctl._router.add(setup)
+
+    async def open_all():
+        args = ctl.client.connection_args
+        await asyncio.gather(*(link.open(ctl.id, args) for link in links.values()))
+        for link in links.values():
+            link.reader = asyncio.ensure_future(link.read_forever())
+
+    ctl._on_loop(open_all(), timeout=30)
+    for link in links.values():
+        ctl._reader.add(link)
+        link.send(
+            {
+                "op": "setup",
+                "id": setup.id,
+                "rank": link.info.rank,
+                "world_size": len(ctl.ranks),
+                "local_rank": link.info.local_rank,
+                "widgets": ctl.comms.shows_widgets(),
+            }
+        )
+    outcomes = gathering.gather(
+        setup, Renderer(setup.ranks), deadline=time.monotonic() + SETUP_TIMEOUT
+    )
+    failed = {r: ev for r, ev in outcomes.items() if ev["status"] != "ok"}
+    for rank, ev in outcomes.items():
+        if rank not in failed and isinstance(ev.get("info"), dict):
+            ctl._known[rank] = ev["info"]
+            ctl.unanswering.discard(rank)
+    if failed:
+        rank, ev = next(iter(failed.items()))
+        raise ClusterError(f"rank {rank} failed to start its engine: {gathering.why(ev)}")
+
+
+def close_links(ctl: Controller) -> None:
+    async def close_all():
+        await asyncio.gather(
+            *(link.close() for link in ctl._links.values()), return_exceptions=True
+        )
+
+    with contextlib.suppress(Exception):
+        ctl._on_loop(close_all(), timeout=5)
+
+
+def lost(ctl: Controller, rank: int, why: str) -> None:
+    """On the event loop: rank's worker vanished. Wait for the nanny's replacement."""
+    if ctl.closed or ctl._restarting or ctl._detached:
+        return
+    if ctl.client.status != "running":
+        ctl._notice_once(ctl._scheduler_gone())
+        return
+    info = ctl.ranks[rank]
+    ctl._notice(f"rank {rank} on {info.host} lost its worker ({why})")
+    threading.Thread(
+        target=_replace, args=(ctl, rank), daemon=True, name=f"monarch-replace-{rank}"
+    ).start()
+
+
+def _replace(ctl: Controller, rank: int) -> None:
+    old = ctl.ranks[rank]
+    deadline = time.monotonic() + REPLACE_TIMEOUT
+    while time.monotonic() < deadline and not ctl.closed and not ctl._restarting:
+        try:
+            workers = ctl.client.scheduler_info(n_workers=-1)["workers"]
+        except Exception:
+            ctl._notice_once(ctl._scheduler_gone())
+            return
+        for addr, w in workers.items():
+            incarnation = w.get("local_directory", "")
+            if w.get("name", addr) == old.name and (addr, incarnation) != (
+                old.address,
+                old.incarnation,
+            ):
+                host = w.get("host", old.host)
+                info = RankInfo(rank, old.name, addr, host, old.local_rank, incarnation=incarnation)
+                ctl.ranks[rank] = info
+                try:
+                    open_links(ctl, [info])
+                except Exception as e:
+                    ctl._notice(f"rank {rank}: its replacement could not attach: {e}")
+                    return
+                ctl._notice(
+                    f"rank {rank}: a replacement worker took its place with an "
+                    "empty namespace (what the old one held is lost)"
+                )
+                ctl._form_group()
+                if ctl.dist_backend:
+                    ctl._notice(f"the {ctl.dist_backend} process group was formed again")
+                return
+        time.sleep(0.25)
+    if not ctl.closed and not ctl._restarting:
+        ctl._notice(
+            f"rank {rank}: no replacement worker joined within "
+            f"{REPLACE_TIMEOUT:.0f} s; use %monarch restart"
+        )

@@ -1,0 +1,232 @@
+"""Requests to the ranks and what comes back: a request sent on each rank's link, its events
+gathered (the ranks still running interrupted on Ctrl-C or a timeout), the ranks that do not
+answer, and the info a rank answers on its event loop even while a cell runs."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import cloudpickle
+
+from monarch_nb.controller import gathering, unanswered
+from monarch_nb.controller.dist import regroup_after_interrupt
+from monarch_nb.controller.links import Request
+from monarch_nb.controller.output import Renderer
+from monarch_nb.controller.results import Interrupted, ValueMesh
+from monarch_nb.controller.targets import format_ranks
+from monarch_nb.errors import ClusterError
+
+if TYPE_CHECKING:
+    from monarch_nb.controller.controller import Controller
+
+# After an interrupt the ranks get INTERRUPT_GRACE seconds of silence to stop: a rank whose
+# output is still arriving (its backlog, on a busy machine) is still heard out, up to
+# INTERRUPT_FLUSH seconds in all, before it is reported as still running.
+INTERRUPT_GRACE = 1.5
+INTERRUPT_FLUSH = 10.0
+# A rank asked at the interrupt (on its event loop, which answers while the cell runs) and
+# silent this long after is not answering: stopped, or a C call holds the GIL.
+ANSWER_WITHIN = INTERRUPT_GRACE + 0.25
+# A rank that did not answer before gets this long to answer again (a stopped process that was
+# let go on answers in milliseconds), so that status and the checks after an interrupt stay quick.
+SILENT_WAIT = 0.25
+
+
+def submit(
+    ctl: Controller,
+    kind: str,
+    ranks: list[int],
+    msg: dict[str, Any] | None = None,
+    per_rank: Mapping[int, dict[str, Any]] | None = None,
+) -> Request:
+    req = Request(kind, ranks)
+    ctl._router.add(req)
+    for rank in ranks:
+        body = {**(msg or {}), **((per_rank or {}).get(rank, {})), "id": req.id}
+        if kind == "info":  # answered on the worker's event loop, even by a busy rank
+            ctl._loop.call_soon_threadsafe(ctl._links[rank].control, body)
+        else:
+            ctl._links[rank].send(body)
+    return req
+
+
+def call(
+    ctl: Controller,
+    fn,
+    args: tuple = (),
+    targets=None,
+    per_rank: Mapping[int, tuple] | None = None,
+    asked: str | None = None,
+) -> ValueMesh:
+    """``fn(engine, *args)`` in each targeted rank's thread (``per_rank``: each rank's own
+    args). ``asked`` names what the user asked for ("this push"): said when it waits behind a
+    busy rank, as a cell is; calls of our own (the process group's) stay quiet."""
+    ctl._check_open()
+    ranks = ctl.targets(targets)
+    if asked is not None:
+        say_waiting(ctl, ranks, asked)
+    if per_rank is not None:
+        blobs = {r: {"fn": cloudpickle.dumps((fn, per_rank[r]))} for r in ranks}
+        req = submit(ctl, "call", ranks, {"op": "call"}, blobs)
+    else:
+        req = submit(ctl, "call", ranks, {"op": "call", "fn": cloudpickle.dumps((fn, args))})
+    outcomes, stopped = collect(ctl, req, Renderer(ranks))
+    return settle(ctl, req, outcomes, stopped)
+
+
+def say_waiting(ctl: Controller, ranks: list[int], what: str) -> None:
+    """Say so when ``what`` queues behind a cell still running on some of ``ranks``."""
+    waiting = sorted(set(ctl._router.busy()) & set(ranks))
+    if waiting:
+        are, them = ("is", "it") if len(waiting) == 1 else ("are", "them")
+        silent = sorted(set(waiting) & ctl.unanswering)
+        why = "busy with an earlier cell"
+        if silent:  # said by the interrupt or status that found it so
+            why += f", and {format_ranks(silent)} did not answer when last asked"
+        print(
+            f"{format_ranks(waiting)} {are} {why}; {what} waits for "
+            f"{them} (interrupt to cancel it)",
+            file=sys.stderr,
+        )
+
+
+def collect(ctl: Controller, req: Request, renderer: Renderer, timeout=None, stop=None):
+    """Gather a request; on Ctrl-C or timeout (or ``stop`` set: a background cell's
+    ``handle.interrupt()``) interrupt the ranks still running."""
+    outcomes: dict[int, dict] = {}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with gathering.sigint_sets(stop) as stop:
+        try:
+            gathering.gather(req, renderer, deadline, outcomes, stop)
+            return outcomes, None
+        except KeyboardInterrupt:
+            reason = "interrupted"
+        except TimeoutError:
+            reason = "timeout"
+        running = [r for r in req.ranks if r not in outcomes]
+        send_interrupt(ctl, running, req.id)
+        # Asked behind the interrupt on the same comm, answered on the ranks' event loops:
+        # by the end of the grace below, every rank that can answer has.
+        probe = submit(ctl, "info", running, {"op": "info", "about": req.id})
+        asked_at = time.monotonic()
+        stop.clear()  # a second Ctrl-C stops waiting for them
+        cut_short = False
+        try:
+            flush = time.monotonic() + INTERRUPT_FLUSH
+            gathering.gather(req, renderer, flush, outcomes, stop, quiet=INTERRUPT_GRACE)
+        except KeyboardInterrupt:
+            cut_short = True
+        except TimeoutError:
+            pass
+        _cancelled_in_queue(ctl, req, outcomes, renderer, cut_short, probe, asked_at)
+    return outcomes, (reason, running)
+
+
+def _cancelled_in_queue(
+    ctl: Controller,
+    req: Request,
+    outcomes: dict[int, dict],
+    renderer,
+    cut_short: bool,
+    probe: Request,
+    asked_at: float,
+) -> None:
+    """A rank still silent after the interrupt may never have started ``req``: it waits
+    behind an earlier cell (a ``--noblock`` one), and the interrupt told it to drop ``req``
+    when it comes to it. ``probe`` asked the ranks what they run, so that those are not
+    reported as stuck in a C call; a rank that did not answer it either is not answering
+    at all (stopped, or the GIL held), and is reported so rather than waited for."""
+    silent = [r for r in req.ranks if r not in outcomes]
+    if not silent:
+        return
+    answers: dict[int, dict] = {}
+    with contextlib.suppress(KeyboardInterrupt, TimeoutError):
+        until = max(asked_at + ANSWER_WITHIN, time.monotonic())
+        gathering.gather(probe, Renderer(probe.ranks), until, answers)
+    about = {r: ev["info"]["about"] for r, ev in answers.items() if ev["status"] == "ok"}
+    heard(ctl, answers)
+    for rank in silent:
+        if rank not in answers:
+            ctl.unanswering.add(rank)
+            outcomes[rank] = {"ev": "done", "status": "unanswered", "why": _silence(ctl, rank)}
+    for rank, state in about.items():
+        if state == "cancelled" and rank in silent:
+            outcomes[rank] = {
+                "ev": "done",
+                "status": "cancelled",
+                "why": "queued behind an earlier cell that is still running; "
+                "cancelled before it started",
+            }
+    if cut_short and {"unknown", "running"} & set(about.values()):
+        # A second Ctrl-C cut the wait short: a rank that finished has its answer on the
+        # way, and one still running has had the interrupt for only a moment. Up to 2 s
+        # more for them, so neither is reported stuck in a C call by mistake.
+        with contextlib.suppress(KeyboardInterrupt, TimeoutError):
+            gathering.gather(req, renderer, time.monotonic() + 2, outcomes)
+
+
+def heard(ctl: Controller, answers: Mapping[int, dict]) -> None:
+    """Keep what the ranks that answered an info request said about themselves."""
+    for rank, ev in answers.items():
+        if ev.get("status") == "ok":
+            ctl._known[rank] = ev["info"]
+            ctl.unanswering.discard(rank)
+
+
+def _silence(ctl: Controller, rank: int) -> str:
+    known = ctl._known.get(rank, {})
+    return unanswered.why(known.get("pid"), known.get("host"))
+
+
+def send_interrupt(ctl: Controller, ranks: Iterable[int], target: str | None = None) -> None:
+    if ctl.closed:
+        raise ClusterError("this cluster is down, and its cells ended with it")
+    try:
+        for rank in ranks:
+            ctl._loop.call_soon_threadsafe(
+                ctl._links[rank].control, {"op": "interrupt", "target": target}
+            )
+    except RuntimeError:  # the client's event loop is closed: the client is gone
+        raise ClusterError(ctl._scheduler_gone()) from None
+
+
+def settle(ctl: Controller, req: Request, outcomes: dict[int, dict], stopped=None, timeout=None):
+    """The outcomes as a ValueMesh, or the error that carries what did arrive."""
+    hosts = {rank: ctl.ranks[rank].host for rank in req.ranks}
+    ended = "shut down (%monarch down)" if ctl.closed else None
+    if ctl._detached:
+        ended = "restarted (%monarch restart)"
+    for ev in outcomes.values():
+        if ev.get("status") == "lost" and ended:
+            ev["why"] = f"the cluster was {ended} while the cell ran"
+            ev["ended_here"] = True
+    regroup_after_interrupt(ctl, req, outcomes)
+    try:
+        return gathering.settle(req.ranks, hosts, outcomes, stopped, timeout)
+    except KeyboardInterrupt:  # unpickling a large result, say: the frames are ours
+        raise Interrupted(
+            f"interrupted while the results of {format_ranks(req.ranks)} were unpickled "
+            "here; they are not kept (keep a value in a name on the ranks and "
+            "%monarch pull it)"
+        ) from None
+
+
+def rank_info(ctl: Controller, ranks: list[int], timeout: float = 5) -> dict[int, dict]:
+    """Each rank's engine state (``Engine.info``), answered on its event loop even while
+    a cell runs; a rank that does not answer within ``timeout`` (``SILENT_WAIT`` for one
+    that did not answer last time either) is left out."""
+    req = submit(ctl, "info", ranks, {"op": "info"})
+    outcomes: dict[int, dict] = {}
+    start = time.monotonic()
+    for until in (start + min(timeout, SILENT_WAIT), start + timeout):
+        with contextlib.suppress(TimeoutError):
+            gathering.gather(req, Renderer(ranks), until, outcomes)
+        if set(ranks) - set(outcomes) <= ctl.unanswering:
+            break  # only ranks that did not answer before are silent: not worth the wait
+    heard(ctl, outcomes)
+    ctl.unanswering.update(r for r in ranks if r not in outcomes)
+    return outcomes

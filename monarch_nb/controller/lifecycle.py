@@ -1,0 +1,77 @@
+"""Ending a controller's workers: ``restart`` (fresh processes, the same ranks) and ``down``
+(the connection closed, and the cluster with it where this controller started it)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from monarch_nb import registry
+from monarch_nb.actors import mesh as actors
+from monarch_nb.controller import attach
+from monarch_nb.controller import cluster as clusters
+from monarch_nb.controller.results import Interrupted
+from monarch_nb.errors import current, set_current
+
+if TYPE_CHECKING:
+    from monarch_nb.controller.controller import Controller
+
+
+def restart(ctl: Controller) -> None:
+    ctl._check_open()
+    ctl._restarting = True  # a replacement in progress stands down: restart attaches all
+    try:
+        attach.close_links(ctl)
+        ctl._detached = True
+        for hook in ctl.restart_hooks:
+            hook()
+        nanny = logging.getLogger("distributed.nanny")  # in-process for a local cluster
+        level = nanny.level
+        nanny.setLevel(logging.ERROR)  # "Restarting worker": what was asked for
+        try:
+            ctl.client.restart(wait_for_workers=True)
+        finally:
+            nanny.setLevel(level)
+        attach.reattach(ctl)
+    except KeyboardInterrupt:
+        # The scheduler goes on restarting the workers; the next use attaches to them.
+        raise Interrupted(
+            "interrupted while the workers restart; the next cell attaches to the new ones"
+        ) from None
+    finally:
+        ctl._restarting = False
+
+
+def down(ctl: Controller) -> None:
+    if ctl.closed:
+        return
+    ctl.closed = True
+    interrupted, error = False, None
+    gone = clusters.scheduler_gone(ctl.client, ctl.cluster)  # closed quickly and quietly
+    for step in (
+        lambda: actors.close(ctl),
+        lambda: registry.unregister(ctl),
+        ctl.comms.close,
+        ctl.metrics.close,
+        lambda: attach.close_links(ctl),
+        ctl._reader.stop,
+        lambda: clusters.close_client(ctl.client, gone),
+        lambda: (
+            ctl.owns_cluster
+            and ctl.cluster is not None
+            and clusters.close_cluster(ctl.cluster, gone)
+        ),
+    ):
+        try:
+            step()
+        except KeyboardInterrupt:  # finish going down: a half-closed cluster helps no one
+            interrupted = True
+        except Exception as e:
+            error = error or e
+    if current() is ctl:
+        set_current(None)
+    if error is not None:
+        raise error
+    if interrupted:
+        done = "the cluster was shut down" if ctl.owns_cluster else "disconnected"
+        raise Interrupted(f"%monarch down was interrupted; {done} all the same")

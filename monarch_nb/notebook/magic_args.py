@@ -1,0 +1,255 @@
+"""The arguments of ``%monarch COMMAND`` and ``%%monarch``: the parsers (the commands and their
+options are written once, here) and the readers of push and scatter's Python expressions, which
+argparse would split on their spaces."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import re
+import tokenize
+
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import MagicArgumentParser
+
+from monarch_nb.controller import start
+
+_TARGETS_HELP = "ranks: all, 0, 0,2, 1:3 or ::2"
+
+
+class Parser(MagicArgumentParser):
+    """IPython's parser with ``-h/--help`` (IPython leaves it out) in argparse's plain layout
+    (IPython's is reStructuredText for docstrings: a ``::`` line and a second ``%``), and an
+    unbalanced quote reported as a UsageError (shlex raises ValueError) like every other
+    mistake in the arguments. ``commands`` lists the sub-commands once they are added."""
+
+    def __init__(self, *args, add_help=True, formatter_class=argparse.HelpFormatter, **kwargs):
+        super().__init__(*args, add_help=add_help, formatter_class=formatter_class, **kwargs)
+        self.commands: list[str] = []
+
+    def parse_argstring(self, argstring):
+        try:
+            return super().parse_argstring(argstring)
+        except ValueError as e:
+            raise UsageError(f"cannot read the arguments {argstring.strip()!r}: {e}") from None
+
+
+def line_parser() -> Parser:
+    parser = Parser(
+        prog="%monarch", description="Control the cluster (see %monarch? for examples)."
+    )
+    sub = parser.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
+    p = sub.add_parser("up", help="start a local cluster: one worker per GPU, or 2 CPU workers")
+    p.add_argument(
+        "--workers", "-n", type=int, default=None, metavar="N", help="default: one per GPU, else 2"
+    )
+    p.add_argument("--cpu", action="store_true", help="CPU workers even where GPUs are visible")
+    p.add_argument("--threads", type=int, default=1, metavar="T", help="threads per worker")
+    p.add_argument(
+        "--tls", action="store_true", help="TLS on every Dask comm, with temporary certificates"
+    )
+    _dist(p)
+    p = sub.add_parser("connect", help="join a scheduler or wrap a distributed cluster object")
+    p.add_argument("address", nargs="?")
+    p.add_argument("--scheduler-file")
+    p.add_argument("--cluster", metavar="MODULE:FACTORY")
+    p.add_argument(
+        "--timeout",
+        type=seconds,
+        default=8,
+        metavar="S",
+        help="seconds to reach the scheduler (default: %(default)g)",
+    )
+    p.add_argument(
+        "--workers", "-n", type=int, default=None, metavar="N", help="wait for this many workers"
+    )
+    p.add_argument(
+        "--wait",
+        type=seconds,
+        default=start.DEFAULT_WAIT,
+        metavar="S",
+        help="seconds for the workers to join, jobs in a batch queue too (default: %(default)g)",
+    )
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        help="join a TLS scheduler with the certificates in Dask's distributed.comm.tls config",
+    )
+    p.add_argument("--tls-ca-file", metavar="PEM", help="the CA that signed the cluster's certs")
+    p.add_argument("--tls-cert", metavar="PEM", help="this client's certificate")
+    p.add_argument("--tls-key", metavar="PEM", help="this client's private key")
+    _dist(p)
+    p = sub.add_parser("run", help="run a torchrun-style script on every rank")
+    p.add_argument("script")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    _targets(p)
+    for name, text in [
+        ("status", "a table of the ranks"),
+        ("down", "stop or leave the cluster"),
+        ("restart", "fresh worker processes, same ranks, empty namespaces"),
+        ("metrics", "the latest logged values and telemetry of every rank"),
+        ("dashboard", "a live panel of every rank's GPU and loss, until the cluster goes down"),
+    ]:
+        sub.add_parser(name, help=text)
+    p = sub.add_parser("auto", help="toggle: run every following cell on the workers")
+    p.add_argument("state", nargs="?", choices=("on", "off"), help="set it instead of toggling")
+    p = sub.add_parser("plot", help="the logged metrics as a static bokeh figure")
+    p.add_argument("--save", metavar="FILE", help="write a standalone .html file")
+    p = sub.add_parser("reset", help="clear the namespaces")
+    _targets(p)
+    p = sub.add_parser("interrupt", help="interrupt the running cell on the ranks")
+    _targets(p)
+    p = sub.add_parser("push", help="copy names (a) or expressions (b=expr) to the ranks")
+    p.add_argument("items", nargs="+", metavar="NAME[=EXPR]")
+    _targets(p)
+    p = sub.add_parser("pull", help="a ValueMesh of a name (a tuple for several) on every rank")
+    p.add_argument("names", nargs="+", metavar="NAME")
+    _targets(p)
+    p = sub.add_parser("scatter", help="split a sequence across the ranks")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("sequence", nargs="+", metavar="SEQUENCE", help="a Python expression")
+    _targets(p)
+    p = sub.add_parser("gather", help="join a name's values from the ranks in rank order")
+    p.add_argument("name", metavar="NAME")
+    _targets(p)
+    parser.commands = list(sub.choices)
+    return parser
+
+
+def cell_parser() -> Parser:
+    parser = Parser(
+        prog="%%monarch",
+        description="Run the cell on every targeted rank (see %monarch? for examples). It may "
+        "use IPython's !cmd, out = !cmd, %time, %timeit, %pip, %cd, %pwd and %env, and a first "
+        "line %%time, %%timeit, %%bash, %%sh or %%writefile.",
+    )
+    _targets(parser)
+    _paired(
+        parser,
+        "block",
+        "--noblock",
+        "wait for the cell",
+        "return a handle at once; output still streams",
+    )
+    parser.add_argument(
+        "--out",
+        "-o",
+        default=None,
+        metavar="NAME",
+        help="also store the ValueMesh (or handle) as NAME",
+    )
+    _paired(
+        parser,
+        "stream",
+        "--no-stream",
+        "show output as it happens",
+        "show output when the cell ends, grouped by rank",
+    )
+    _paired(
+        parser,
+        "collapse",
+        "--no-collapse",
+        "show a line printed by several ranks once",
+        "show every rank's copy of a line",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=seconds,
+        default=None,
+        metavar="S",
+        help="interrupt the ranks still running after S seconds",
+    )
+    _paired(
+        parser,
+        "panel",
+        "--no-panel",
+        "show the live panel under a cell that runs past a second",
+        "no live panel",
+    )
+    parser.add_argument(
+        "--local",
+        action="store_true",
+        help="also run the cell here, in the notebook, once every rank has run it",
+    )
+    return parser
+
+
+def _paired(parser, name: str, off: str, on_help: str, off_help: str) -> None:
+    """``--NAME`` (the default) and its opposite ``off``, both stored as ``NAME``: None when
+    neither is given, so the caller applies the current default."""
+    parser.add_argument(
+        f"--{name}", dest=name, action="store_true", default=None, help=f"{on_help} (the default)"
+    )
+    parser.add_argument(off, dest=name, action="store_false", help=off_help)
+
+
+def _dist(parser) -> None:
+    parser.add_argument(
+        "--no-dist",
+        dest="dist",
+        action="store_false",
+        help="do not form a torch.distributed process group",
+    )
+    parser.add_argument("--backend", default=None, metavar="B", help="nccl (RCCL on ROCm) or gloo")
+
+
+def _targets(parser) -> None:
+    parser.add_argument("--targets", "-t", default=None, metavar="SPEC", help=_TARGETS_HELP)
+
+
+def seconds(text: str) -> float:
+    """A --timeout: a number of seconds above 0 (0 would give up before the ranks could start)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not value > 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value
+
+
+def split_items(text: str) -> str:
+    """``a b=f(x, y)`` -> ``a, b=f(x, y)``: whitespace at bracket depth 0 separates items."""
+    pieces: list[str] = []
+    depth, start, last_end = 0, 0, 0
+    lines = text.splitlines(keepends=True) or [""]
+    offsets = [0]
+    for line in lines:
+        offsets.append(offsets[-1] + len(line))
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER):
+                continue
+            pos = offsets[tok.start[0] - 1] + tok.start[1]
+            if depth == 0 and pos > last_end and last_end > start:
+                pieces.append(text[start:last_end])
+                start = pos
+            if tok.string in "([{" and tok.type == tokenize.OP:
+                depth += 1
+            elif tok.string in ")]}" and tok.type == tokenize.OP:
+                depth -= 1
+            last_end = offsets[tok.end[0] - 1] + tok.end[1]
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        raise UsageError(f"push: cannot read {text!r} as names and NAME=EXPR items") from None
+    pieces.append(text[start:last_end])
+    return ", ".join(p.strip().rstrip(",") for p in pieces if p.strip())
+
+
+# --targets SPEC, -t SPEC or --targets=SPEC as whole words; a quoted string is matched whole
+# (and skipped) so that a flag-like word inside one stays part of the expression.
+_TARGETS_FLAG = re.compile(
+    r"""'(?:\\.|[^'\\])*'|"(?:\\.|[^"\\])*"|"""
+    r"(?<!\S)(?P<flag>--targets|-t)(?:=(?P<eq>\S*)|\s+(?P<spec>\S+))?(?!\S)"
+)
+
+
+def pop_targets(text: str) -> tuple[str | None, str]:
+    """The --targets value of push/scatter arguments, and the text without the flag: its span
+    is cut out, so the expressions keep their own spacing (``s='a    b'``)."""
+    for m in _TARGETS_FLAG.finditer(text):
+        if m["flag"]:
+            spec = m["spec"] if m["eq"] is None else m["eq"]
+            if not spec:
+                raise UsageError(f"{m['flag']} needs a value: all, 0, 0,2, 1:3 or ::2")
+            return spec, text[: m.start()] + text[m.end() :]
+    return None, text

@@ -1,0 +1,164 @@
+"""The ``%monarch`` commands that manage the cluster: up, connect, run, status, down, restart,
+reset and interrupt; and ``controller()`` and ``guard()``, which every command goes through.
+Each command is ``fn(magics, args)`` with the arguments ``magic_args.line_parser`` read."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Any
+
+from IPython.core.error import UsageError
+
+from monarch_nb import errors
+from monarch_nb.actors import mesh as actors
+from monarch_nb.controller import start
+from monarch_nb.controller.launch import run_script
+from monarch_nb.controller.targets import TargetError, format_ranks
+from monarch_nb.errors import ClusterError
+
+NO_CLUSTER = "no cluster is up; start one with %monarch up (or %monarch connect ADDRESS)"
+
+
+def controller():
+    """The current controller, or the user's mistake (no cluster) in one line."""
+    ctl = errors.current()
+    if ctl is None or ctl.closed:
+        raise UsageError(NO_CLUSTER)
+    ctl.announce()
+    return ctl
+
+
+def guard(fn):
+    """``fn()``, with the errors that mean the user asked for something impossible (a rank that
+    is not there, a name that is not defined) as one-line UsageErrors."""
+    try:
+        return fn()
+    except (ClusterError, TargetError, ValueError, NameError, TypeError) as e:
+        raise UsageError(str(e)) from None
+
+
+def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    cells = [[str(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
+    lines += [
+        "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
+    return "\n".join(lines)
+
+
+def _gib(n: int | None) -> str:
+    return f"{n / 2**30:.1f} GiB" if n else "?"
+
+
+def _device(d: dict[str, Any]) -> str:
+    if not d:
+        return "-"
+    return f"{d.get('kind', '?')}: {d.get('name', '?')} ({_gib(d.get('memory'))})"
+
+
+def _print_ranks(ctl, verb: str) -> None:
+    rows = ctl.status()
+    for r in rows:
+        r["device"] = _device(r["device"])
+    dash = ""
+    with contextlib.suppress(Exception):
+        dash = f" (dashboard {ctl.client.dashboard_link})"
+    ranks = "1 rank" if ctl.world_size == 1 else f"{ctl.world_size} ranks"
+    print(f"monarch-nb: {verb} {ranks} at {ctl.scheduler_address}{dash}")
+    print(format_table(rows, ["rank", "host", "pid", "device"]))
+    if ctl.dist_backend:
+        print(f"torch.distributed: {ctl.dist_backend} process group over all ranks")
+    elif ctl.dist_error:
+        print(f"torch.distributed: {ctl.dist_error}", file=sys.stderr)
+
+
+def up(magics, args):
+    ctl = guard(
+        lambda: start.up(
+            workers=args.workers,
+            cpu=args.cpu,
+            threads=args.threads,
+            dist=args.dist,
+            backend=args.backend,
+            tls=args.tls,
+        )
+    )
+    _print_ranks(ctl, "started")
+
+
+def connect(magics, args):
+    ctl = guard(
+        lambda: start.connect(
+            address=args.address,
+            scheduler_file=args.scheduler_file,
+            cluster=args.cluster,
+            timeout=args.timeout,
+            dist=args.dist,
+            backend=args.backend,
+            workers=args.workers,
+            wait=args.wait,
+            tls=args.tls,
+            tls_ca_file=args.tls_ca_file,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+        )
+    )
+    _print_ranks(ctl, "connected to")
+    if ctl.owns_cluster:
+        print(f"monarch-nb: {args.cluster} made this cluster; %monarch down shuts it down")
+
+
+def run(magics, args):
+    ctl = controller()
+    if not os.path.exists(args.script) and not os.path.isabs(args.script):
+        raise UsageError(f"run: no script at {args.script!r} (relative to {os.getcwd()})")
+    codes = guard(lambda: run_script(ctl, args.script, args.args, args.targets))
+    print(f"monarch-nb: {args.script} exited with code 0 on {format_ranks(codes.ranks)}")
+
+
+def status(magics, args):
+    ctl = controller()
+    rows = ctl.status()
+    for r in rows:
+        r["device"] = _device(r["device"])
+        r["pid"] = r["pid"] or "-"
+        r["names"] = "-" if r["names"] is None else r["names"]
+    print(format_table(rows, ["rank", "host", "pid", "device", "state", "names"]))
+    dead = actors.dead_actors(ctl)
+    if dead:
+        print("dead actors:")
+        for mesh, rank, cause in dead:
+            print(f"  {mesh} on rank {rank}: {cause}")
+
+
+def down(magics, args):
+    ctl = controller()
+    owned = ctl.owns_cluster
+    ctl.down()
+    print(
+        "monarch-nb: cluster shut down"
+        if owned
+        else "monarch-nb: disconnected; the cluster keeps running"
+    )
+
+
+def restart(magics, args):
+    ctl = controller()
+    ctl.restart()
+    print(
+        f"monarch-nb: restarted {format_ranks(range(ctl.world_size))}: fresh worker "
+        "processes, same ranks, empty namespaces"
+    )
+
+
+def reset(magics, args):
+    ranks = guard(lambda: controller().reset(args.targets))
+    print(f"monarch-nb: cleared the namespaces of {format_ranks(ranks)}")
+
+
+def interrupt(magics, args):
+    ranks = guard(lambda: controller().interrupt(args.targets))
+    print(f"monarch-nb: interrupted {format_ranks(ranks)}")
