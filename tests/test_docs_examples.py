@@ -185,7 +185,7 @@ import json, os, sys
 from IPython.core.interactiveshell import InteractiveShell
 
 answers = os.fdopen(int(sys.argv[1]), "w", buffering=1)
-shell = InteractiveShell.instance()
+shell = InteractiveShell.instance(colors="nocolor")  # plain tracebacks for the failure message
 for line in sys.stdin:
     cell = json.loads(line)
     print(f"--- {cell['where']}", flush=True)
@@ -226,6 +226,7 @@ class PageShell:
         os.close(write)
         self.answers = os.fdopen(read)
         self.done: set[int] = set()  # lines of the fences run
+        self.failed: str | None = None  # where a cell failed: the later ones would only mislead
 
     def _printed(self, since: int) -> str:
         self.log.flush()
@@ -233,17 +234,21 @@ class PageShell:
         return self.log.read()[-4000:]
 
     def run(self, example: Example) -> None:
+        if self.failed:
+            pytest.fail(f"{example.where}: not run, as the page's cell at {self.failed} failed")
         for cell in example.cells:
             where = f"{example.page}:{cell.line}"
+            self.failed = where
             start = self.log.seek(0, os.SEEK_END)
             self.proc.stdin.write(json.dumps({"source": cell.source, "where": where}) + "\n")
             self.proc.stdin.flush()
             ready, _, _ = select.select([self.answers], [], [], CELL_TIMEOUT)
             line = self.answers.readline() if ready else ""
             if not line:
-                why = "still running" if ready == [] else "the shell exited"
+                why = f"still running after {CELL_TIMEOUT} s" if not ready else "the shell exited"
+                printed = self._printed(start)
                 self.close(kill=True)
-                pytest.fail(f"{where}: {why} after {CELL_TIMEOUT} s:\n{self._printed(start)}")
+                pytest.fail(f"{where}: {why}:\n{printed}")
             answer = json.loads(line)
             assert answer["error"] is None, (
                 f"{where} raised {answer['error']}:\n{self._printed(start)}"
@@ -252,10 +257,13 @@ class PageShell:
                 assert answer["repr"] == cell.out, (
                     f"{where}: the page shows Out {cell.out}, the cell returned {answer['repr']}"
                 )
+            self.failed = None
         self.done.add(example.line)
 
     def close(self, kill: bool = False) -> str:
         """End the shell (its cluster shut down first); what it printed while ending."""
+        if self.log.closed:
+            return ""
         start = self.log.seek(0, os.SEEK_END)
         if kill:
             _kill(self.proc)

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from monarch_nb.controller import cluster as clusters
+from monarch_nb.controller import script_guard
 from monarch_nb.controller.controller import Controller
 from monarch_nb.controller.results import Interrupted
 from monarch_nb.errors import ClusterError, set_current
@@ -70,6 +71,7 @@ def up(
     nccl on GPUs, gloo on CPUs); ``current=False`` leaves the notebook's current cluster alone;
     ``tls`` makes every Dask comm TLS with a temporary certificate (``ctl.client.security``).
     """
+    script_guard.check_caller()  # before any process starts: spawned workers rerun a script
     with _only_one(current):
         plans = clusters.plan_workers(
             clusters.detect_gpus(), workers=workers, cpu=cpu, threads=threads
