@@ -7,10 +7,12 @@ import asyncio
 import contextlib
 import logging
 import pickle
+import select
 import socket
 import ssl
 import struct
 import threading
+import time
 from collections import deque
 from typing import Any
 
@@ -63,12 +65,23 @@ class FrameConn:
     The data path between a controller and an engine: ``send`` may be called from any thread
     (a lock keeps frames whole); ``feed`` is called by the one thread that reads, when
     ``select`` says the socket is readable, and returns the messages that are complete.
+
+    A TLS connection is one OpenSSL object, which two threads must never use at once: a read
+    that takes in a TLS 1.3 session ticket runs the handshake machine, and a write in another
+    thread at that moment runs it too, so a frame vanishes or the connection breaks (a setup
+    that was never answered). So a TLS socket is non-blocking after its handshake and every
+    call into OpenSSL holds ``_tls``; a writer waits for room outside it.
     """
 
     def __init__(self, sock: socket.socket):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # keeps frames whole
+        self.tls = isinstance(sock, ssl.SSLSocket)
+        self._tls = threading.Lock()  # one call into OpenSSL at a time
+        self._eof = False
+        if self.tls:
+            sock.setblocking(False)
         self.backlog: list[Any] = []  # messages that arrived with the handshake
         self._buf = bytearray()
         self._unsent: deque[memoryview] = deque()  # what post() left to its writing thread
@@ -83,11 +96,30 @@ class FrameConn:
     def send_locked(self, msg: Any) -> None:
         """``send`` for a caller that already holds ``lock``."""
         data = pickle.dumps(msg, protocol=5)
+        sendall = self._tls_sendall if self.tls else self.sock.sendall
         if len(data) < 65536:
-            self.sock.sendall(HEADER.pack(len(data)) + data)
+            sendall(HEADER.pack(len(data)) + data)
         else:
-            self.sock.sendall(HEADER.pack(len(data)))
-            self.sock.sendall(data)
+            sendall(HEADER.pack(len(data)))
+            sendall(data)
+
+    def _tls_sendall(self, data) -> None:
+        view = memoryview(data)
+        while len(view):
+            view = view[self._tls_send(view) :]
+
+    def _tls_send(self, chunk) -> int:
+        """Write some of ``chunk``, waiting (outside ``_tls``) until the socket takes it; a
+        retry after a refusal passes the same bytes, as OpenSSL requires."""
+        while True:
+            with self._tls:
+                try:
+                    return self.sock.send(chunk)
+                except ssl.SSLWantWriteError:
+                    wait = select.POLLOUT
+                except ssl.SSLWantReadError:  # the reading thread takes what it waits for
+                    wait = select.POLLIN
+            _wait(self.sock, wait, 0.05)
 
     def post(self, msg: Any) -> None:
         """``send`` that never blocks the caller. What the socket does not take at once (the
@@ -99,7 +131,7 @@ class FrameConn:
         with self.lock:
             if not self._unsent:
                 # TLS takes no MSG_DONTWAIT: its frames always go through the thread.
-                while frame and not isinstance(self.sock, ssl.SSLSocket):
+                while frame and not self.tls:
                     try:
                         n = self.sock.send(frame[0], socket.MSG_DONTWAIT)
                     except (BlockingIOError, InterruptedError):
@@ -123,7 +155,7 @@ class FrameConn:
                     return
                 chunk = self._unsent[0]
             try:
-                n = self.sock.send(chunk)
+                n = self._tls_send(chunk) if self.tls else self.sock.send(chunk)
             except OSError:  # the connection is gone: the reading thread reports it
                 with self.lock:
                     self._unsent.clear()
@@ -136,13 +168,14 @@ class FrameConn:
 
     def feed(self) -> list[Any] | None:
         """The complete messages now readable, or None once the other side has closed."""
-        chunk = self.sock.recv(MAX_READ)
-        if not chunk:
-            return None
-        self._buf += chunk
-        pending = getattr(self.sock, "pending", None)  # TLS keeps decrypted bytes of its own
-        while pending is not None and pending():
-            self._buf += self.sock.recv(MAX_READ)
+        if self.tls:
+            if self._eof or not self._tls_read():
+                return None
+        else:
+            chunk = self.sock.recv(MAX_READ)
+            if not chunk:
+                return None
+            self._buf += chunk
         out = []
         view = self._buf
         start = 0
@@ -156,19 +189,38 @@ class FrameConn:
             del self._buf[:start]
         return out
 
+    def _tls_read(self) -> bool:
+        """Take in what the socket holds; False once the other side has closed. Readable may
+        mean only a record that carries no data (a session ticket), or part of one."""
+        taken = 0
+        with self._tls:
+            # Up to MAX_READ at a time, so that one busy sender does not starve the reader's
+            # other connections; never leaving decrypted bytes behind, which select cannot see.
+            while taken < MAX_READ or self.sock.pending():
+                try:
+                    chunk = self.sock.recv(MAX_READ)
+                except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                    return True
+                if not chunk:
+                    self._eof = True  # said on the next call, after what came before the end
+                    return taken > 0
+                self._buf += chunk
+                taken += len(chunk)
+        return True
+
     def recv_one(self, timeout: float) -> Any:
         """Block (at most ``timeout`` seconds) for one message: the handshake."""
-        self.sock.settimeout(timeout)
-        try:
-            while True:
-                msgs = self.feed()
-                if msgs is None:
-                    raise ConnectionError("the connection closed during the handshake")
-                if msgs:
-                    self.backlog.extend(msgs[1:])
-                    return msgs[0]
-        finally:
-            self.sock.settimeout(None)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not _wait(self.sock, select.POLLIN, left):
+                raise TimeoutError(f"no handshake within {timeout:g} s")
+            msgs = self.feed()
+            if msgs is None:
+                raise ConnectionError("the connection closed during the handshake")
+            if msgs:
+                self.backlog.extend(msgs[1:])
+                return msgs[0]
 
     def shutdown(self) -> None:
         """End the connection; the reading thread sees the end and closes the socket."""
@@ -179,3 +231,14 @@ class FrameConn:
         self.shutdown()
         with contextlib.suppress(OSError):
             self.sock.close()
+
+
+def _wait(sock: socket.socket, events: int, timeout: float) -> bool:
+    """Whether ``sock`` became ready for ``events`` within ``timeout`` seconds (poll, not
+    select: a process with many files has descriptors past select's 1024)."""
+    fd = sock.fileno()
+    if fd < 0:  # closed meanwhile: the next call on it raises
+        return True
+    poller = select.poll()
+    poller.register(fd, events)
+    return bool(poller.poll(timeout * 1000))

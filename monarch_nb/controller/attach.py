@@ -11,15 +11,14 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from monarch_nb.controller import gathering
+from monarch_nb.controller import dispatch, gathering
 from monarch_nb.controller.links import Link, RankInfo, Request
-from monarch_nb.controller.output import Renderer
+from monarch_nb.controller.setup_wait import wait_for_setup
 from monarch_nb.errors import ClusterError
 
 if TYPE_CHECKING:
     from monarch_nb.controller.controller import Controller
 
-SETUP_TIMEOUT = 300
 REPLACE_TIMEOUT = 60  # seconds to wait for a nanny to replace a worker that died
 
 
@@ -110,8 +109,8 @@ def open_links(ctl: Controller, infos: list[RankInfo]) -> None:
                 "widgets": ctl.comms.shows_widgets(),
             }
         )
-    outcomes = gathering.gather(
-        setup, Renderer(setup.ranks), deadline=time.monotonic() + SETUP_TIMEOUT
+    outcomes = wait_for_setup(
+        setup, lambda ranks: dispatch.submit(ctl, "info", ranks, {"op": "info", "about": setup.id})
     )
     failed = {r: ev for r, ev in outcomes.items() if ev["status"] != "ok"}
     for rank, ev in outcomes.items():
