@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from monarch_nb.controller import dispatch, gathering
 from monarch_nb.controller.links import Link, RankInfo, Request
 from monarch_nb.controller.setup_wait import wait_for_setup
+from monarch_nb.controller.targets import format_ranks
 from monarch_nb.errors import ClusterError
 
 if TYPE_CHECKING:
@@ -96,7 +97,14 @@ def open_links(ctl: Controller, infos: list[RankInfo]) -> None:
         for link in links.values():
             link.reader = asyncio.ensure_future(link.read_forever())
 
-    ctl._on_loop(open_all(), timeout=30)
+    try:
+        ctl._on_loop(open_all(), timeout=30)
+    except (TimeoutError, OSError) as e:
+        raise ClusterError(
+            f"could not reach the engine of {format_ranks(list(links))}: "
+            f"{type(e).__name__}: {e or 'no answer within 30 s'}; %monarch restart starts "
+            "fresh workers"
+        ) from None
     for link in links.values():
         ctl._reader.add(link)
         link.send(

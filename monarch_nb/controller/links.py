@@ -25,6 +25,7 @@ from distributed.comm import CommClosedError, connect
 from monarch_nb.wire import FrameConn, Writer
 
 _ids = itertools.count(1)
+TLS_HANDSHAKE_TIMEOUT = 10.0  # seconds; the engine gives up on its side after 5
 
 
 def new_id(kind: str) -> str:
@@ -138,7 +139,10 @@ class Link:
         sock.setblocking(True)
         ssl_context = connection_args.get("ssl_context")
         if self.info.address.startswith("tls://") and ssl_context is not None:
+            # On the event loop, so bounded: a stopped worker must not hold it for ever.
+            sock.settimeout(TLS_HANDSHAKE_TIMEOUT)
             sock = ssl_context.wrap_socket(sock, server_hostname=None)
+            sock.settimeout(None)
         self.conn = FrameConn(sock)
         self.conn.send({"controller": controller, "token": hello["token"]})
 
