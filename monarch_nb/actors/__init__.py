@@ -4,42 +4,7 @@ The caller's side (``mesh.py``, ``adverbs.py``, ``wire.py``) runs in the control
 ``worker.py`` and ``actor.py`` run in the workers, ``output.py`` on both.
 """
 
-from monarch_nb.actors.mesh import (
-    Actor,
-    ActorError,
-    ActorMesh,
-    Context,
-    Future,
-    Instance,
-    Point,
-    ProcMesh,
-    SupervisionError,
-    broadcast_errors,
-    close,
-    context,
-    current_rank,
-    current_size,
-    dead_actors,
-    endpoint,
-    proc_mesh,
-)
+from monarch_nb.actors import mesh
+from monarch_nb.actors.mesh import *  # noqa: F403 (the public names: mesh.__all__)
 
-__all__ = [
-    "Actor",
-    "ActorError",
-    "ActorMesh",
-    "Context",
-    "Future",
-    "Instance",
-    "Point",
-    "ProcMesh",
-    "SupervisionError",
-    "broadcast_errors",
-    "close",
-    "context",
-    "current_rank",
-    "current_size",
-    "dead_actors",
-    "endpoint",
-    "proc_mesh",
-]
+__all__ = mesh.__all__

@@ -14,11 +14,6 @@ pytest_plugins = ["pytest_jupyter.jupyter_server"]
 NO_TOKEN = {"Authorization": ""}
 
 
-@pytest.fixture
-def jp_server_config():
-    return {"ServerApp": {"jpserver_extensions": {"monarch_nb.server": True}}}
-
-
 async def status_of(fetch, *parts, **kw):
     try:
         response = await fetch(*parts, **kw)

@@ -30,18 +30,6 @@ from monarch_nb.telemetry import store as metrics_store
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
 
-@pytest.fixture
-def jp_server_config():
-    return {"ServerApp": {"jpserver_extensions": {"monarch_nb.server": True}}}
-
-
-@pytest.fixture
-def runtime(tmp_path, monkeypatch):
-    """A private runtime directory (jp_serverapp points JUPYTER_RUNTIME_DIR at its own)."""
-    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
-    return tmp_path / "runtime"
-
-
 # -- the registry -----------------------------------------------------------------------------
 def test_register_writes_an_owner_only_entry_and_unregister_removes_it(runtime):
     ctl = fake_controller("http://127.0.0.1:8787/status", "tcp://127.0.0.1:8786")

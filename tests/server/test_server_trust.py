@@ -31,15 +31,6 @@ pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
 
 # -- the server extension trusts nothing read from disk ---------------------------------------
-@pytest.fixture
-def jp_server_config():
-    return {"ServerApp": {"jpserver_extensions": {"monarch_nb.server": True}}}
-
-
-@pytest.fixture
-def runtime(tmp_path, monkeypatch):
-    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
-    return tmp_path / "runtime"
 
 
 @pytest.fixture
