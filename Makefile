@@ -53,6 +53,7 @@ bench: setup
 	$(PY) benchmarks/bench_actors.py
 	$(PY) benchmarks/bench_training.py
 	$(PY) benchmarks/bench_telemetry.py
+	$(PY) benchmarks/bench_stacks.py
 	$(PY) -m monarch_kernels.bench
 
 clean:

@@ -141,7 +141,7 @@ def endpoint(method=None, **options):
 # The public attributes of an actor mesh (``ActorMesh`` in actors.py; a test keeps the two in
 # step): ``mesh.stop`` is the mesh's own, so an endpoint of one of these names could never be
 # reached through the mesh.
-MESH_ATTRIBUTES = frozenset({"extent", "name", "size", "sizes", "slice", "stop"})
+MESH_ATTRIBUTES = frozenset({"extent", "name", "size", "sizes", "slice", "stacks", "stop"})
 
 
 class Actor:

@@ -64,6 +64,7 @@ from monarch_nb.actors.wire import (
 )
 from monarch_nb.actors.worker import PLUGIN_NAME, ActorPlugin, current_host
 from monarch_nb.controller.results import Interrupted
+from monarch_nb.controller.stacks import ask as actor_stacks
 from monarch_nb.errors import ClusterError
 from monarch_nb.errors import current as current_controller
 
@@ -399,6 +400,12 @@ class ActorMesh(_Mesh):
         self._forget_in(self._mailbox.meshes)
         self._forget_in(context().actor_instance._children)
         return gather(self, msgs, f"{self.name}.stop", lambda raw: None)
+
+    def stacks(self, native: bool = False):
+        """The stacks of these actors' threads, and of their awaiting ``async`` endpoints
+        (``%monarch stacks`` for this mesh): a StacksReport."""
+        ranks = sorted({m.rank for _, m in self._targets()})
+        return actor_stacks(_require_controller(), ranks, native, actor=self.name)
 
     def _forget_in(self, registry: dict) -> None:
         """Drop the mesh from ``registry`` once every actor of it is stopped (not for a slice)."""

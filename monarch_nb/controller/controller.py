@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from monarch_nb import registry
-from monarch_nb.controller import attach, data, dispatch, lifecycle, status, syntax
+from monarch_nb.controller import attach, data, dispatch, lifecycle, stacks, status, syntax
 from monarch_nb.controller.dist import DistError, form_group, form_if_pending
 from monarch_nb.controller.handles import CellHandle
 from monarch_nb.controller.links import Link, RankInfo, Reader, Router
@@ -250,6 +250,13 @@ class Controller:
         ranks = self.targets(targets)
         dispatch.send_interrupt(self, ranks)
         return ranks
+
+    def stacks(self, targets=None, native: bool = False) -> stacks.StacksReport:
+        """Every thread's stack on the targeted ranks, identical ones grouped, and which
+        collective each rank waits in (``%monarch stacks``). Answered on the ranks' event
+        loops while their cells run or hang; may be called from another thread while a
+        blocking cell runs. ``native``: C frames too, through py-spy where the ranks have it."""
+        return stacks.ask(self, targets, native)
 
     def status(self) -> list[dict[str, Any]]:
         """One row per rank: rank, host, pid, device, state, names."""

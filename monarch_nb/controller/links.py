@@ -56,6 +56,7 @@ class Request:
         self.remaining = set(ranks)  # updated on the event loop
         self.status: dict[int, str] = {}  # rank -> "ok" / "error" / "lost" / ..., once done
         self.t0 = time.time()
+        self.last_event = time.monotonic()  # the live panel offers stacks after a quiet spell
 
 
 class Router:
@@ -86,6 +87,7 @@ class Router:
                 req.remaining.discard(rank)
                 if not req.remaining:
                     del self._requests[req.id]
+        req.last_event = time.monotonic()
         req.events.put((rank, ev))
 
     def lost(self, rank: int, why: str) -> None:

@@ -18,7 +18,7 @@ from monarch_nb.controller.names import notebook_name
 from monarch_nb.controller.results import CellError, CellSyntaxError, Interrupted
 from monarch_nb.controller.targets import TargetError
 from monarch_nb.errors import ClusterError
-from monarch_nb.notebook import magic_cluster, magic_data, magic_show
+from monarch_nb.notebook import magic_cluster, magic_data, magic_show, magic_stacks
 from monarch_nb.notebook.magic_args import cell_parser, line_parser
 from monarch_nb.notebook.magic_cluster import NO_CLUSTER, controller, guard
 from monarch_nb.notebook.widgets import CellWatch, LivePanel
@@ -33,6 +33,7 @@ _COMMANDS = {
     "restart": magic_cluster.restart,
     "reset": magic_cluster.reset,
     "interrupt": magic_cluster.interrupt,
+    "stacks": magic_stacks.stacks,
     "metrics": magic_show.metrics_table,
     "dashboard": magic_show.dashboard,
     "plot": magic_show.plot,
@@ -68,7 +69,7 @@ class MonarchMagics(Magics):
             In [6]: %monarch down
 
         Commands: up, connect, run, status, down, restart, auto, metrics, dashboard, plot,
-        reset, interrupt, push, pull, scatter, gather (``%monarch -h`` says what each does,
+        reset, interrupt, stacks, push, pull, scatter, gather (``%monarch -h`` says what each does,
         ``%monarch COMMAND -h`` shows its options).
 
         Cell magic (``%%monarch [--targets SPEC] [--noblock] [--out NAME] [--no-stream]

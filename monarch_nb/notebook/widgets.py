@@ -17,6 +17,7 @@ import time
 
 from monarch_nb.controller.targets import format_ranks
 from monarch_nb.notebook import panel_svg
+from monarch_nb.notebook.stuck import StuckWatch
 from monarch_nb.telemetry import metrics
 
 DEFAULT_HZ = 2.0
@@ -76,6 +77,7 @@ class LivePanel:
         self._unsubscribe = ctl.metrics.subscribe(self._on_metrics)
         self._released = False
         self._freeze_lock = threading.Lock()
+        self.stuck = StuckWatch(ctl)  # offers %monarch stacks under a quiet cell
         self.frozen: str | None = None  # the final picture, once frozen
         self.refresh()
 
@@ -119,10 +121,11 @@ class LivePanel:
             self.widget.value = value
 
     def html(self, note: str = "") -> str:
+        note = note or self.stuck.note(self.request)
         return panel_svg.render(self.view, self.title, _header(self.ctl), note=note)
 
     def text(self) -> str:
-        return panel_svg.text(self.view, self.title)
+        return panel_svg.text(self.view, self.title, self.stuck.note(self.request))
 
     # -- running -----------------------------------------------------------------------------
     def show(self):
@@ -157,6 +160,7 @@ class LivePanel:
     def _loop(self) -> bool:
         while not self._stop.is_set():
             try:
+                self.stuck.poll(self.request)
                 self.refresh(force=False)
             except Exception:  # the cluster went down under us: the freeze shows what we have
                 if self.ctl.closed:

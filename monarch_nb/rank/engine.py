@@ -32,6 +32,7 @@ from distributed.core import Status
 from monarch_nb.rank import comms as rank_comms
 from monarch_nb.rank import session
 from monarch_nb.rank import shell as rank_shell
+from monarch_nb.rank import stacks as rank_stacks
 from monarch_nb.rank.capture import Console, install_routers
 from monarch_nb.rank.cells import compile_cell, format_error, pack, plain_error
 from monarch_nb.rank.display import display, install_display
@@ -111,6 +112,8 @@ class Engine:
             channel.reply({"ev": "done", "id": msg["id"], "status": "ok", "info": info})
         elif msg["op"] == "comm":  # from the browser, to a widget: not queued behind a cell
             rank_comms.receive(channel.outbox, msg)
+        elif msg["op"] == "stacks":  # %monarch stacks: this thread may be blocked in C
+            rank_stacks.answer(self, channel, msg)
 
     def interrupt(self, cell_id: str | None = None) -> None:
         """Raise KeyboardInterrupt in the running cell (or drop ``cell_id`` if still queued)."""
