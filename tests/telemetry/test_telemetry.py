@@ -359,3 +359,24 @@ def test_pci_address_spellings():
     assert devices.parse_bdf("0001:02:1f.0") == (1, 2, 0x1F)
     assert devices.parse_bdf("N/A") is None
     assert devices.kfd_gpus("/nonexistent") == []
+
+
+def test_host_cpu_never_reads_more_than_every_core():
+    """Readings microseconds apart once gave a 4,800% sample (psutil divides the CPU time's
+    clock tick by the tiny wall time between them)."""
+    import threading
+
+    import psutil
+
+    from monarch_nb.telemetry.probes import HostProbe
+
+    stop = threading.Event()
+    spinner = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)])
+    spinner.start()
+    try:
+        probe = HostProbe()
+        readings = [probe.read()["cpu"] for _ in range(3000)]
+    finally:
+        stop.set()
+        spinner.join()
+    assert max(readings) <= 100.0 * psutil.cpu_count(), max(readings)
