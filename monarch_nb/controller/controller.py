@@ -71,6 +71,8 @@ class Controller:
         # answering, and the ranks that did not answer when last asked.
         self._known: dict[int, dict[str, Any]] = {}
         self.unanswering: set[int] = set()
+        self.last_failure = None  # the last failed cell's tracebacks, kept on its ranks
+        self.debugging: int | None = None  # the rank a debugger is open on (prompting.py)
         self._cells = itertools.count(1)
         self._notices: list[str] = []
         self._said: set[str] = set()  # notices given once per controller

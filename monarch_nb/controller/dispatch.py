@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
-from monarch_nb.controller import gathering, unanswered
+from monarch_nb.controller import gathering, prompting, unanswered
 from monarch_nb.controller.dist import regroup_after_interrupt
 from monarch_nb.controller.links import Request
 from monarch_nb.controller.output import Renderer
-from monarch_nb.controller.results import Interrupted, ValueMesh
+from monarch_nb.controller.results import CellError, Interrupted, ValueMesh
 from monarch_nb.controller.targets import format_ranks
 from monarch_nb.errors import ClusterError
 
@@ -44,6 +44,7 @@ def submit(
     per_rank: Mapping[int, dict[str, Any]] | None = None,
 ) -> Request:
     req = Request(kind, ranks)
+    req.send = lambda rank, msg: ctl._links[rank].send(msg)
     ctl._router.add(req)
     for rank in ranks:
         body = {**(msg or {}), **((per_rank or {}).get(rank, {})), "id": req.id}
@@ -117,7 +118,7 @@ def collect(ctl: Controller, req: Request, renderer: Renderer, timeout=None, sto
         cut_short = False
         try:
             flush = time.monotonic() + INTERRUPT_FLUSH
-            gathering.gather(req, renderer, flush, outcomes, stop, quiet=INTERRUPT_GRACE)
+            gathering.gather(req, renderer, flush, outcomes, stop, quiet=INTERRUPT_GRACE, ask=False)
         except KeyboardInterrupt:
             cut_short = True
         except TimeoutError:
@@ -166,7 +167,7 @@ def _cancelled_in_queue(
         # way, and one still running has had the interrupt for only a moment. Up to 2 s
         # more for them, so neither is reported stuck in a C call by mistake.
         with contextlib.suppress(KeyboardInterrupt, TimeoutError):
-            gathering.gather(req, renderer, time.monotonic() + 2, outcomes)
+            gathering.gather(req, renderer, time.monotonic() + 2, outcomes, ask=False)
 
 
 def heard(ctl: Controller, answers: Mapping[int, dict]) -> None:
@@ -207,6 +208,10 @@ def settle(ctl: Controller, req: Request, outcomes: dict[int, dict], stopped=Non
     regroup_after_interrupt(ctl, req, outcomes)
     try:
         return gathering.settle(req.ranks, hosts, outcomes, stopped, timeout)
+    except CellError as e:
+        if req.kind == "execute":
+            prompting.keep_failure(ctl, req.id, outcomes, e, call)
+        raise
     except KeyboardInterrupt:  # unpickling a large result, say: the frames are ours
         raise Interrupted(
             f"interrupted while the results of {format_ranks(req.ranks)} were unpickled "

@@ -18,6 +18,7 @@ from typing import Any
 
 import cloudpickle
 
+from monarch_nb.controller import prompting
 from monarch_nb.controller.links import Request
 from monarch_nb.controller.output import Renderer
 from monarch_nb.controller.results import (
@@ -37,10 +38,12 @@ def gather(
     outcomes: dict[int, dict] | None = None,
     stop: threading.Event | None = None,
     quiet: float | None = None,
+    ask: bool = True,
 ) -> dict[int, dict]:
     """Events of ``req`` until every rank is done; raises TimeoutError at ``deadline`` or once
-    ``quiet`` seconds pass without an event, and KeyboardInterrupt once ``stop`` is set, always
-    between two events, so none is lost."""
+    ``quiet`` seconds pass without an event, and KeyboardInterrupt once ``stop`` is set (or
+    Ctrl-C at a rank's prompt), always between two events, so none is lost. A rank's prompt
+    (its input(), pdb) is put to the user, unless ``ask`` is False."""
     outcomes = {} if outcomes is None else outcomes
     last = time.monotonic()
     try:
@@ -55,13 +58,20 @@ def gather(
             if now >= until:
                 raise TimeoutError
             try:
-                rank, ev = req.events.get(timeout=min(0.1, until - now))
+                if req.backlog:
+                    rank, ev = req.backlog.popleft()
+                else:
+                    rank, ev = req.events.get(timeout=min(0.1, until - now))
             except queue.Empty:
                 renderer.tick()
                 continue
             last = time.monotonic()
             if ev["ev"] == "done":
                 outcomes[rank] = ev
+                prompting.release(req, rank)
+            elif ev["ev"] in ("input", "release"):
+                prompting.on_event(req, rank, ev, renderer, ask)
+                last = time.monotonic()  # the user's think time is not the ranks' silence
             else:
                 renderer.feed(rank, ev)
     finally:

@@ -9,6 +9,7 @@ travel on a distributed comm, so they reach a rank whose thread is busy.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import queue
@@ -57,6 +58,10 @@ class Request:
         self.status: dict[int, str] = {}  # rank -> "ok" / "error" / "lost" / ..., once done
         self.t0 = time.time()
         self.last_event = time.monotonic()  # the live panel offers stacks after a quiet spell
+        # Events taken from ``events`` while a rank's prompt was open, to be gathered first.
+        self.backlog: collections.deque = collections.deque()
+        self.turns = None  # whose prompt is open (prompting.Turns), once a rank asks
+        self.send = None  # send(rank, msg) on that rank's link (dispatch.submit sets it)
 
 
 class Router:

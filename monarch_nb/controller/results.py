@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from monarch_nb.controller.targets import format_ranks
+from monarch_nb.errors import ClusterError
 
 _short = reprlib.Repr()
 _short.maxstring = 60
@@ -180,6 +181,7 @@ class CellError(Exception):
 
     max_shown = 5
     max_messages = 8  # per traceback, the ranks' own messages where they differ
+    failure = None  # where the ranks keep the tracebacks (prompting.Failure), for ``debug``
 
     def __init__(
         self,
@@ -195,6 +197,13 @@ class CellError(Exception):
         first = next(iter(self.errors.values()), None)
         detail = f": {first.ename}: {first.evalue}" if first else ""
         super().__init__(self.headline + detail)
+
+    def debug(self, rank: int | None = None) -> None:
+        """pdb on ``rank``'s traceback (default: the lowest that failed), in the notebook's
+        input box: ``p``, ``up``, ``ll``... in the rank's frames; ``q`` ends it."""
+        if self.failure is None:
+            raise ClusterError("no rank kept a traceback of this error to debug")
+        self.failure.debug(rank)
 
     def groups(self) -> list[tuple[list[int], RemoteError]]:
         """Distinct tracebacks, each with the ranks that share it, in rank order. Ranks that

@@ -18,7 +18,7 @@ from monarch_nb.controller.names import notebook_name
 from monarch_nb.controller.results import CellError, CellSyntaxError, Interrupted
 from monarch_nb.controller.targets import TargetError
 from monarch_nb.errors import ClusterError
-from monarch_nb.notebook import magic_cluster, magic_data, magic_show, magic_stacks
+from monarch_nb.notebook import magic_cluster, magic_data, magic_debug, magic_show, magic_stacks
 from monarch_nb.notebook.magic_args import cell_parser, line_parser
 from monarch_nb.notebook.magic_cluster import NO_CLUSTER, controller, guard
 from monarch_nb.notebook.widgets import CellWatch, LivePanel
@@ -34,6 +34,7 @@ _COMMANDS = {
     "reset": magic_cluster.reset,
     "interrupt": magic_cluster.interrupt,
     "stacks": magic_stacks.stacks,
+    "debug": magic_debug.debug,
     "metrics": magic_show.metrics_table,
     "dashboard": magic_show.dashboard,
     "plot": magic_show.plot,
@@ -69,8 +70,8 @@ class MonarchMagics(Magics):
             In [6]: %monarch down
 
         Commands: up, connect, run, status, down, restart, auto, metrics, dashboard, plot,
-        reset, interrupt, stacks, push, pull, scatter, gather (``%monarch -h`` says what each does,
-        ``%monarch COMMAND -h`` shows its options).
+        reset, interrupt, stacks, debug, push, pull, scatter, gather (``%monarch -h`` says what
+        each does, ``%monarch COMMAND -h`` shows its options).
 
         Cell magic (``%%monarch [--targets SPEC] [--noblock] [--out NAME] [--no-stream]
         [--no-collapse] [--timeout S] [--local]``; ``%%monarch -h`` explains them)::
@@ -220,11 +221,13 @@ _loaded: dict[int, MonarchMagics] = {}
 def load(ipython) -> None:
     magics = MonarchMagics(ipython)
     ipython.register_magics(magics)
+    magic_debug.install_hint(ipython)
     _loaded[id(ipython)] = magics
 
 
 def unload(ipython) -> None:
     magics = _loaded.pop(id(ipython), None)
+    magic_debug.remove_hint(ipython)
     if magics is not None and magics.auto:
         transforms = ipython.input_transformers_cleanup
         while _auto_transform in transforms:

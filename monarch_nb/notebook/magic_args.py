@@ -103,6 +103,10 @@ def line_parser() -> Parser:
     p.add_argument("--native", action="store_true", help="C frames too, through py-spy")
     p.add_argument("--all", action="store_true", help="the worker's own threads too")
     _targets(p)
+    p = sub.add_parser("debug", help="pdb on a rank's traceback of the last failed cell")
+    p.add_argument(
+        "--rank", type=int, default=None, metavar="R", help="default: the lowest that failed"
+    )
     p = sub.add_parser("push", help="copy names (a) or expressions (b=expr) to the ranks")
     p.add_argument("items", nargs="+", metavar="NAME[=EXPR]")
     _targets(p)

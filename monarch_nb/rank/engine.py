@@ -30,7 +30,7 @@ from distributed.comm import CommClosedError
 from distributed.core import Status
 
 from monarch_nb.rank import comms as rank_comms
-from monarch_nb.rank import session
+from monarch_nb.rank import debugger, session
 from monarch_nb.rank import shell as rank_shell
 from monarch_nb.rank import stacks as rank_stacks
 from monarch_nb.rank.capture import Console, install_routers
@@ -81,10 +81,12 @@ class Engine:
         self._interrupt_pending = False  # interrupted after taking a cell, before running it
         self._cancelled: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._aloop: asyncio.AbstractEventLoop | None = None
+        self.failure = None  # (request id, exception, traceback) of the last failed cell
         self.console = Console()  # where its cells' output, and their threads', goes
         install_routers(fds=_captures_fds(worker))
         install_display()
         rank_comms.install(self)  # widgets made on this rank reach the notebook
+        debugger.install()  # input(), getpass and pdb of its cells ask the notebook
         self._thread = threading.Thread(target=self._main, name="monarch-engine", daemon=True)
         self._thread.start()
 
@@ -169,6 +171,8 @@ class Engine:
                 self._leave_user()
 
     def _handle(self, channel: Channel, msg: dict[str, Any]) -> None:
+        if msg["op"] == "input_reply":
+            return  # answers an input() that an interrupt ended before the answer came
         cid = msg["id"]
         with self._lock:
             if cid in self._cancelled:
@@ -178,14 +182,8 @@ class Engine:
             self._current, self._started_at = cid, time.time()
         reply = {"status": "error", "error": plain_error("interrupted before it finished")}
         try:
-            if msg["op"] == "execute":
-                reply = self._execute(channel, msg)
-            elif msg["op"] == "call":
-                reply = self._call(channel, msg)
-            elif msg["op"] == "setup":
-                reply = self._setup(msg)
-            else:
-                reply = {"status": "error", "error": plain_error(f"unknown op {msg['op']!r}")}
+            with debugger.serving(self.wire, channel, cid, self.identity.get("rank")):
+                reply = self._run_op(channel, msg)
         except Exception as e:
             reply = {"status": "error", "error": format_error(e)}
         finally:
@@ -193,6 +191,15 @@ class Engine:
                 self._current = self._started_at = None
                 self._interrupt_pending = False
             channel.reply({"ev": "done", "id": cid, **reply})
+
+    def _run_op(self, channel: Channel, msg: dict[str, Any]) -> dict[str, Any]:
+        if msg["op"] == "execute":
+            return self._execute(channel, msg)
+        if msg["op"] == "call":
+            return self._call(channel, msg)
+        if msg["op"] == "setup":
+            return self._setup(msg)
+        return {"status": "error", "error": plain_error(f"unknown op {msg['op']!r}")}
 
     def _enter_user(self) -> None:
         with self._lock:
@@ -237,6 +244,7 @@ class Engine:
             ok, value = self._run_user(run)
         channel.outbox.end_cell(msg["id"])
         if not ok:
+            debugger.keep_failure(self, msg["id"], value)
             return {"status": "error", "error": format_error(value)}
         if expr is None or silent:
             return {"status": "ok"}

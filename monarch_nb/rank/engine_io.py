@@ -108,11 +108,20 @@ class Wire:
     # -- the rank's thread --------------------------------------------------------------------
     def next_request(self) -> tuple[Channel, dict[str, Any]]:
         while not self.inbox:
-            self._poll()
+            self.poll()
         return self.inbox.popleft()
 
-    def _poll(self) -> None:
-        for key, _ in self._sel.select():
+    def take(self, match) -> tuple[Channel, dict[str, Any]] | None:
+        """The first request that ``match(channel, msg)`` accepts, taken out of the inbox; the
+        others stay, in order (a cell's input() waits for its answer this way)."""
+        for i, (channel, msg) in enumerate(self.inbox):
+            if match(channel, msg):
+                del self.inbox[i]
+                return channel, msg
+        return None
+
+    def poll(self, timeout: float | None = None) -> None:
+        for key, _ in self._sel.select(timeout):
             if key.fileobj is self._wake_r:
                 with contextlib.suppress(OSError):
                     self._wake_r.recv(4096)

@@ -1,0 +1,59 @@
+"""``%monarch debug``: pdb on a rank's traceback after a failed ``%%monarch`` cell, driven from
+the notebook's input box; and the hint a plain ``%debug`` gives after such a cell (its
+traceback is the controller's, not the rank's). ``fn(magics, args)`` as every command."""
+
+from __future__ import annotations
+
+import sys
+
+from IPython.core.error import UsageError
+
+from monarch_nb.controller.results import CellError
+from monarch_nb.notebook.magic_cluster import controller, guard
+
+NO_FAILED_CELL = "no %%monarch cell has failed on this cluster yet: nothing to debug"
+USE_MONARCH_DEBUG = (
+    "the last error came from the ranks: %monarch debug [--rank R] opens pdb on a rank's "
+    "traceback (%debug would debug the notebook's own frames)"
+)
+
+
+def debug(magics, args):
+    """pdb on the traceback of the last failed cell, on ``--rank R`` (default: the lowest that
+    failed); ``q`` ends it and the rank keeps its namespace::
+
+    In [7]: %monarch debug --rank 1
+    [rank 1] ZeroDivisionError: division by zero
+    [rank 1] > <monarch cell 6>(3)scale()
+    (Pdb rank 1) p x
+    [rank 1] 0
+    (Pdb rank 1) q
+    """
+    ctl = controller()
+    if ctl.last_failure is None:
+        raise UsageError(NO_FAILED_CELL)
+    guard(lambda: ctl.last_failure.debug(args.rank))
+
+
+def install_hint(shell) -> None:
+    """``%debug`` (and ``%pdb`` post-mortems) after a failed %%monarch cell say to use
+    ``%monarch debug`` instead of debugging the controller's frames."""
+    if getattr(shell.debugger, "_monarch_hint", False):
+        return
+    original = shell.debugger
+
+    def debugger(force=False):
+        if force and isinstance(getattr(sys, "last_value", None), CellError):
+            print(USE_MONARCH_DEBUG, file=sys.stderr)
+            return None
+        return original(force)
+
+    debugger._monarch_hint = True
+    debugger._monarch_original = original
+    shell.debugger = debugger
+
+
+def remove_hint(shell) -> None:
+    original = getattr(shell.debugger, "_monarch_original", None)
+    if original is not None:
+        shell.debugger = original

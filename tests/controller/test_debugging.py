@@ -1,0 +1,264 @@
+"""input(), getpass, post-mortem pdb and breakpoints on ranks, answered from the notebook's
+input box: a real ipykernel driven through jupyter_client (answering its stdin requests, as
+JupyterLab does) with a real 2-rank cluster."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from _kernel import KernelProcess
+
+import monarch_nb
+
+
+class Kernel(KernelProcess):
+    """A kernel with a 2-rank cluster; ``run`` answers its prompts from a script."""
+
+    def run(self, code: str, answers=(), timeout: float = 120, ok: bool = True):
+        """(everything the cell printed, its errors' tracebacks included; the prompts asked).
+        ``answers``: typed at the prompts in turn; a callable gets the prompt and answers."""
+        texts: list[str] = []
+        prompts: list[dict] = []
+        todo = list(answers)
+        self.sent: list[tuple] = []  # (when the kernel sent it, text): the channels' own order
+
+        def out(msg):
+            content = msg["content"]
+            if msg["msg_type"] == "stream":
+                texts.append(content["text"])
+                self.sent.append((msg["header"]["date"], content["text"]))
+            elif msg["msg_type"] == "execute_result":
+                texts.append(content["data"]["text/plain"])
+            elif msg["msg_type"] == "error":
+                texts.append("\n".join(content["traceback"]))
+
+        def stdin(msg):
+            prompts.append(msg["content"])
+            self.sent.append((msg["header"]["date"], f"<PROMPT {msg['content']['prompt']}>"))
+            texts.append(f"<PROMPT {msg['content']['prompt']}>")
+            assert todo, f"an unexpected prompt {msg['content']!r}: {''.join(texts)}"
+            answer = todo.pop(0)
+            self.kc.input(answer(msg["content"]) if callable(answer) else answer)
+
+        reply = self.kc.execute_interactive(
+            code, timeout=timeout, output_hook=out, stdin_hook=stdin, allow_stdin=True
+        )
+        text = "".join(texts)
+        if ok:
+            assert reply["content"]["status"] == "ok", text
+        assert not todo, f"answers left over {todo}: {text}"
+        return text, prompts
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    k = Kernel(tmp_path_factory.mktemp("debug-kernel"))
+    k.run("%load_ext monarch_nb\n%monarch up --workers 2 --cpu --no-dist")
+    yield k
+    k.run("%monarch down")
+    k.close()
+
+
+def test_debug_before_any_cell_failed_says_so(kernel):
+    text, _ = kernel.run("%monarch debug", ok=False)
+    assert "no %%monarch cell has failed on this cluster yet" in text
+
+
+def test_input_on_rank_0_prompts_naming_the_rank(kernel):
+    text, prompts = kernel.run(
+        "%%monarch --targets 0\nprint('before')\nname = input('name? ')\nprint('got', name)",
+        answers=["Ada"],
+    )
+    assert [p["prompt"] for p in prompts] == ["[rank 0] name? "]
+    assert not prompts[0]["password"]
+    # what the rank printed before asking shows above the prompt, the answer reaches it
+    # (iopub and stdin are separate sockets: the kernel's send times give the order)
+    in_order = "".join(t for _, t in sorted(kernel.sent, key=lambda x: x[0]))
+    assert in_order.index("[rank 0] before") < in_order.index("<PROMPT")
+    assert "[rank 0] got Ada" in text
+
+
+def test_getpass_on_a_rank_asks_for_a_password(kernel):
+    text, prompts = kernel.run(
+        "%%monarch --targets 1\nimport getpass\nsecret = getpass.getpass()\nlen(secret)",
+        answers=["hunter2"],
+    )
+    assert prompts == [{"prompt": "[rank 1] Password: ", "password": True}]
+    assert "7" in text
+
+
+def test_input_on_two_ranks_asks_one_at_a_time(kernel):
+    text, prompts = kernel.run(
+        "%%monarch\nx = input(f'x{rank}? ')\nprint('x is', x)",
+        answers=[lambda p: p["prompt"][-4:-2], lambda p: p["prompt"][-4:-2]],
+    )
+    assert sorted(p["prompt"] for p in prompts) == ["[rank 0] x0? ", "[rank 1] x1? "]
+    assert "[rank 0] x is x0" in text and "[rank 1] x is x1" in text
+
+
+def test_input_in_a_noblock_cell_says_to_run_it_blocking(kernel):
+    kernel.run(
+        "%%monarch --noblock --targets 0\ntry:\n    input('?')\nexcept EOFError as e:\n"
+        "    why = str(e)"
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        text, _ = kernel.run("%%monarch --targets 0\nprint(repr(globals().get('why')))")
+        if "None" not in text or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert "run it without --noblock" in text
+
+
+def test_requests_that_arrive_during_input_run_after_the_cell_in_order(clean, monkeypatch):
+    """The rank's thread reads its requests itself: one that arrives while its input() waits
+    for the answer is kept, and run after the cell, in order."""
+    later = []
+
+    def typed(prompt):
+        later.append(clean.run("order.append('second')", targets=0, block=False))
+        later.append(clean.run("order.append('third')", targets=0, block=False))
+        time.sleep(0.5)  # both reach the rank while it waits
+        return f"{prompt}first"
+
+    monkeypatch.setattr("builtins.input", typed)
+    clean.run("order = [input('a? ')]", targets=0)
+    for handle in later:
+        handle.result(timeout=30)
+    assert clean.run("order", targets=0).item() == ["[rank 0] a? first", "second", "third"]
+
+
+def test_interrupt_at_a_prompt_interrupts_the_cell(kernel):
+    def interrupt(prompt):
+        kernel.km.interrupt_kernel()
+        time.sleep(1)
+        return "late"
+
+    text, _ = kernel.run(
+        "%%monarch --targets 0\ntry:\n    input('go? ')\nexcept KeyboardInterrupt:\n"
+        "    print('rank saw the interrupt')\n    raise",
+        answers=[interrupt],
+        ok=False,
+    )
+    assert "rank saw the interrupt" in text
+    # the rank is free again, its namespace kept
+    text, _ = kernel.run("%%monarch --targets 0\nrank + 40")
+    assert "40" in text
+
+
+FAILING = """%%monarch
+def scale(v):
+    x = v * 10
+    return x / (rank - 1)
+total = scale(rank + 3)
+"""
+
+
+def test_post_mortem_on_rank_1_prints_a_local_of_a_called_function(kernel):
+    text, _ = kernel.run(FAILING, ok=False)
+    assert "ZeroDivisionError" in text
+    typed = ["p x", "p nothing", "interact", "x + 2", "exit()", "up", "p rank", "!y = 5", "q"]
+    text, prompts = kernel.run("%monarch debug", answers=typed)
+    assert [p["prompt"] for p in prompts] == ["(Pdb rank 1) "] * 3 + ["[rank 1] >>> "] * 2 + [
+        "(Pdb rank 1) "
+    ] * 4
+    assert "[rank 1] 40" in text  # x in scale(), on rank 1: (1 + 3) * 10
+    assert "[rank 1] *** NameError: name 'nothing' is not defined" in text
+    assert "[rank 1] 42" in text  # interact sees the frame; exit() goes back to pdb
+    assert "[rank 1] (back in pdb)" in text
+    assert "[rank 1] 1" in text  # rank, one frame up: the cell's
+    # q ended it; the rank is usable and kept its namespace, with what pdb assigned
+    text, _ = kernel.run("%%monarch --targets 1\nprint(y, rank)")
+    assert "[rank 1] 5 1" in text
+
+
+def test_plain_debug_after_a_failed_cell_says_to_use_monarch_debug(kernel):
+    kernel.run(FAILING, ok=False)
+    text, prompts = kernel.run("%debug")
+    assert "%monarch debug [--rank R]" in text
+    assert not prompts  # no pdb on the notebook's own frames
+
+
+def test_debug_of_a_rank_that_did_not_fail_says_which_did(kernel):
+    kernel.run(FAILING, ok=False)
+    text, _ = kernel.run("%monarch debug --rank 0", ok=False)
+    assert "rank 0 did not fail in that cell; rank 1 did" in text
+
+
+def test_a_second_debugger_while_one_is_open_is_refused(clean, monkeypatch):
+    with pytest.raises(monarch_nb.CellError) as failed:
+        clean.run("def f():\n    z = 3\n    1 / 0\nf()", targets=1)
+    said = []
+
+    def typed(prompt):
+        if not said:
+            with pytest.raises(monarch_nb.ClusterError) as again:
+                failed.value.debug(1)
+            said.append(str(again.value))
+            return "p z"
+        return "q"
+
+    monkeypatch.setattr("builtins.input", typed)
+    failed.value.debug()
+    assert said == ["a debugger is already open on rank 1; end it (q) first"]
+
+
+def test_debug_after_the_rank_was_restarted_says_the_traceback_is_gone(kernel):
+    kernel.run(FAILING, ok=False)
+    kernel.run("%monarch restart")
+    text, _ = kernel.run("%monarch debug", ok=False)
+    assert "rank 1 was restarted since that cell failed" in text
+
+
+BREAKING = """%%monarch
+def step(v):
+    w = v + 100
+    breakpoint()
+    return w
+out = step(rank)
+print('went on', out)
+"""
+
+
+def test_breakpoint_on_two_ranks_is_continued_one_at_a_time(kernel):
+    def slowly(answer):
+        def typed(prompt):
+            time.sleep(1.5)  # the other rank reaches its breakpoint meanwhile
+            return answer
+
+        return typed
+
+    text, prompts = kernel.run(BREAKING, answers=[slowly("p w"), "c", "p w", "c"])
+    first, second = prompts[0]["prompt"], prompts[2]["prompt"]
+    assert {first, second} == {"(Pdb rank 0) ", "(Pdb rank 1) "}
+    assert [p["prompt"] for p in prompts] == [first, first, second, second]
+    a, b = int(first[10]), int(second[10])
+    # one prompt at a time, naming the rank that waits for its turn
+    assert f"(rank {b} waits to be answered next)" in text
+    assert f"[rank {a}] {a + 100}" in text and f"[rank {b}] {b + 100}" in text
+    assert f"[rank {a}] went on {a + 100}" in text and f"[rank {b}] went on {b + 100}" in text
+    assert text.index(f"[rank {a}] went on") < text.index(f"[rank {b}] {b + 100}")
+
+
+def test_interrupt_at_a_breakpoint_ends_debugging_and_the_cell(kernel):
+    def interrupt(prompt):
+        kernel.km.interrupt_kernel()
+        time.sleep(1)
+        return "p w"
+
+    text, _ = kernel.run(BREAKING, answers=[interrupt], ok=False)
+    assert "went on" not in text
+    assert "KeyboardInterrupt" in text
+    # no rank is left in the debugger: both run the next cell
+    text, _ = kernel.run("%%monarch\nrank + 10")
+    assert "10" in text and "11" in text
+
+
+def test_breakpoint_in_a_noblock_cell_says_to_run_it_blocking(kernel):
+    kernel.run("%%monarch --noblock --targets 0\nbreakpoint()\nleft = 'no'")
+    text, _ = kernel.run("handle = _\nhandle.wait(60)\nprint(*handle.output, sep='')")
+    # pdb was not left waiting for an answer that cannot come: it quit, saying why
+    assert "run it without --noblock" in text
+    text, _ = kernel.run("%%monarch --targets 0\nprint(globals().get('left'))")
+    assert "[rank 0] None" in text
