@@ -22,6 +22,8 @@ import sys
 import threading
 from typing import Any
 
+from IPython.core.error import StdinNotImplementedError
+
 from monarch_nb.controller.targets import format_ranks
 from monarch_nb.errors import ClusterError
 
@@ -98,7 +100,7 @@ def answer(req, rank: int, ev: dict[str, Any], renderer, waiting: list[int], ask
     except EOFError:
         req.send(rank, {**reply, "error": "no input: the notebook's input ended"})
         return
-    except NotImplementedError:  # IPython's StdinNotImplementedError
+    except StdinNotImplementedError:  # a front end without an input box
         req.send(rank, {**reply, "error": NO_INPUT_BOX})
         return
     req.send(rank, {**reply, "value": value})

@@ -15,7 +15,7 @@ import monarch_nb
 class Kernel(KernelProcess):
     """A kernel with a 2-rank cluster; ``run`` answers its prompts from a script."""
 
-    def run(self, code: str, answers=(), timeout: float = 120, ok: bool = True):
+    def run(self, code: str, answers=(), timeout: float = 120, ok: bool = True, allow_stdin=True):
         """(everything the cell printed, its errors' tracebacks included; the prompts asked).
         ``answers``: typed at the prompts in turn; a callable gets the prompt and answers."""
         texts: list[str] = []
@@ -42,7 +42,7 @@ class Kernel(KernelProcess):
             self.kc.input(answer(msg["content"]) if callable(answer) else answer)
 
         reply = self.kc.execute_interactive(
-            code, timeout=timeout, output_hook=out, stdin_hook=stdin, allow_stdin=True
+            code, timeout=timeout, output_hook=out, stdin_hook=stdin, allow_stdin=allow_stdin
         )
         text = "".join(texts)
         if ok:
@@ -95,6 +95,17 @@ def test_input_on_two_ranks_asks_one_at_a_time(kernel):
     )
     assert sorted(p["prompt"] for p in prompts) == ["[rank 0] x0? ", "[rank 1] x1? "]
     assert "[rank 0] x is x0" in text and "[rank 1] x is x1" in text
+
+
+def test_input_where_the_front_end_takes_none_says_so(kernel):
+    # nbclient and other front ends without an input box execute with allow_stdin off
+    text, prompts = kernel.run(
+        "%%monarch --targets 0\n"
+        "try:\n    input('x? ')\nexcept EOFError as e:\n    print('EOF:', e)",
+        allow_stdin=False,
+    )
+    assert not prompts
+    assert "[rank 0] EOF:" in text and "allow_stdin is off" in text
 
 
 def test_input_in_a_noblock_cell_says_to_run_it_blocking(kernel):
