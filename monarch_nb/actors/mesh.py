@@ -54,6 +54,7 @@ from monarch_nb.actors.actor import (
     plain_methods_of,
 )
 from monarch_nb.actors.adverbs import ActorEndpoint, NotAnEndpoint, gather, pack_args
+from monarch_nb.actors.stops import stops
 from monarch_nb.actors.wire import (
     ActorError,
     Future,
@@ -141,6 +142,8 @@ class _ControllerActors:
     def _unsolicited(self, msg: dict) -> None:
         if "out" in msg:  # what actors printed
             actors_output.show(msg)
+        elif "stopped" in msg:  # an endpoint reached pdb
+            stops.note(msg["stopped"])
         else:
             self._broadcast_failed(msg)
 

@@ -18,6 +18,7 @@ import logging
 import re
 import sys
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -27,6 +28,7 @@ import cloudpickle
 from distributed.comm import CommClosedError, connect
 
 from monarch_nb.actors.actor import EndpointProperty
+from monarch_nb.actors.stops import stops
 from monarch_nb.controller.results import Interrupted, RemoteError
 from monarch_nb.wire import Writer
 
@@ -44,24 +46,36 @@ class ActorError(RemoteError):
     """An endpoint (or ``__init__``) raised on one rank; carries the remote traceback.
     ``exception`` is the original exception when it could be sent back, else None."""
 
-    def __init__(self, rank, host, ename, evalue, traceback, where: str, exception=None):
+    def __init__(
+        self, rank, host, ename, evalue, traceback, where: str, exception=None, post_mortem=None
+    ):
         super().__init__(rank, host, ename, evalue, traceback)
         self.where = where
         self.exception = exception
+        self.post_mortem = post_mortem  # (token, process rank) where the traceback is kept
         self.args = (f"{where} failed on rank {rank}: {ename}: {evalue}",)
 
     def __str__(self) -> str:
         tb = "\n".join(self.traceback)
         return f"{self.args[0]}\n{tb}" if tb else self.args[0]
 
+    def debug(self) -> None:
+        """pdb on the rank where the call failed, at the endpoint's frames, from the notebook's
+        input box (as ``%monarch debug`` after a cell); ``q`` ends it."""
+        from monarch_nb.controller import prompting
+
+        prompting.debug_actor(self)
+
     def __reduce__(self):
         args = (self.rank, self.host, self.ename, self.evalue, self.traceback, self.where)
-        return type(self), args, {"exception": _dumps_or_none(self.exception)}
+        state = {"exception": _dumps_or_none(self.exception), "post_mortem": self.post_mortem}
+        return type(self), args, state
 
     def __setstate__(self, state: dict) -> None:
         # The exception travels as bytes: where it cannot be pickled (or unpickled on the
         # other side) the error still travels, with ``exception`` None.
         blob = state.get("exception")
+        self.post_mortem = state.get("post_mortem")
         self.exception = None
         if blob is not None:
             with contextlib.suppress(Exception):
@@ -138,7 +152,10 @@ class Future:
 
     def get(self, timeout: float | None = None) -> Any:
         try:
-            answered = self._event.wait(timeout)
+            if threading.current_thread() is threading.main_thread():
+                answered = self._wait_attaching(timeout)
+            else:
+                answered = self._event.wait(timeout)
         except KeyboardInterrupt:
             raise Interrupted(
                 f"stopped waiting for {self._describe}; the endpoint goes on running (a later "
@@ -155,6 +172,21 @@ class Future:
         return self._value
 
     result = get
+
+    def _wait_attaching(self, timeout: float | None) -> bool:
+        """Wait; an endpoint that stops in pdb meanwhile gets the notebook's prompt."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._event.is_set():
+            if stops.event.is_set():
+                from monarch_nb.controller import prompting
+
+                for rank in stops.take():
+                    prompting.attach_actor(rank)
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            self._event.wait(0.1 if left is None else min(0.1, left))
+        return True
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         try:
@@ -197,7 +229,8 @@ def decode_error(reply: dict[str, Any], host: str, where: str) -> ActorError:
         with contextlib.suppress(Exception):
             exc = cloudpickle.loads(e["exc"])
     lines = sources.restore(e["traceback"])
-    return ActorError(reply["r"], host, e["ename"], e["evalue"], lines, where, exc)
+    pm = tuple(e["pm"]) if e.get("pm") else None
+    return ActorError(reply["r"], host, e["ename"], e["evalue"], lines, where, exc, pm)
 
 
 class _Sources:

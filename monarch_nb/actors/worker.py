@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import threading
+import time
 import traceback
 from typing import Any
 
@@ -25,10 +27,11 @@ from monarch_nb.actors import output as actors_output
 from monarch_nb.actors.actor import Context, Instance, Point, _context, endpoints_of
 from monarch_nb.actors.output import ActorConsole, ActorOutbox
 from monarch_nb.actors.wire import ATTACH, Mailbox, Writer
-from monarch_nb.rank import capture
+from monarch_nb.rank import capture, debugger
 
 PLUGIN_NAME = "monarch-actors"
 STOPPED = "the actor was stopped while this call ran"
+STOPPED_HERE = "waits in the debugger: %monarch debug --rank {rank} attaches to it"
 logger = logging.getLogger("monarch_nb.actors")
 
 _host: ActorHost | None = None
@@ -96,6 +99,8 @@ class ActorHost:
                 return
         if "out" in msg:
             actors_output.show(msg)
+            return
+        if "stopped" in msg:  # said in the output too
             return
         e = msg.get("e", {})
         logger.error(
@@ -169,6 +174,7 @@ class ActorRunner:
 
     def _main(self) -> None:
         capture.route_thread(self.output, ActorConsole(self.output))
+        debugger.route_stops(self._proc_rank(), self._stopped)
         asyncio.set_event_loop(self.loop)
         try:
             self.loop.run_forever()
@@ -217,7 +223,7 @@ class ActorRunner:
             self.actor = actor
             reply = {"ok": True, "v": None}
         except BaseException as e:
-            reply = _error(e)
+            reply = self._failed(e)
             self.host.loop.call_soon_threadsafe(self.host.actors.pop, msg["mesh"], None)
             self.loop.stop()
         self.output.end_call()
@@ -239,7 +245,7 @@ class ActorRunner:
                 value = ep.method(self.actor, *args, **kwargs)
             reply = _value(value)
         except BaseException as e:
-            reply = _error(e)
+            reply = self._failed(e)
         finally:
             _context.reset(token)
         self.output.end_call()
@@ -261,7 +267,7 @@ class ActorRunner:
         try:
             reply = _value(await ep.method(self.actor, *args, **kwargs))
         except BaseException as e:
-            reply = _error(e)
+            reply = self._failed(e)
         self.output.end_call()
         _reply(channel, self.owner, msg, reply)
 
@@ -280,6 +286,26 @@ def _value(value: Any) -> dict[str, Any]:
         return {"ok": True, "v": cloudpickle.dumps(value, protocol=5)}
     except BaseException as e:  # whatever a __reduce__ raises, the call gets its answer
         return _plain_error(f"the return value ({type(value).__name__}) cannot be pickled: {e}")
+
+    def _proc_rank(self) -> int | None:
+        """The cluster rank of this worker (a mesh's own ranks may be a slice's)."""
+        return getattr(self.host.worker.extensions.get("monarch"), "identity", {}).get("rank")
+
+    def _stopped(self, stop) -> None:
+        """An endpoint reached pdb: say so, and tell the caller, whose ``get()`` attaches."""
+        rank = self._proc_rank()
+        print(STOPPED_HERE.format(rank=rank), file=sys.stderr, flush=True)
+        self.owner.send({"stopped": rank, "mid": self._id})
+
+    def _failed(self, exc: BaseException) -> dict[str, Any]:
+        """The reply for an exception; its traceback stays on this rank, and the error carries
+        where to find it, for ``ActorError.debug``."""
+        reply = _error(exc)
+        token = debugger.keep_actor_failure(exc, __file__)
+        rank = self._proc_rank()
+        if token is not None and rank is not None:
+            reply["e"]["pm"] = [token, rank]
+        return reply
 
 
 def _error(exc: BaseException) -> dict[str, Any]:

@@ -46,6 +46,7 @@ def gather(
     (its input(), pdb) is put to the user, unless ``ask`` is False."""
     outcomes = {} if outcomes is None else outcomes
     last = time.monotonic()
+    background = threading.current_thread() is not threading.main_thread()
     try:
         while len(outcomes) < len(req.ranks):
             if stop is not None and stop.is_set():
@@ -66,6 +67,8 @@ def gather(
                 renderer.tick()
                 continue
             last = time.monotonic()
+            if background and prompting.divert(req, rank, ev):
+                continue
             if ev["ev"] == "done":
                 outcomes[rank] = ev
                 prompting.release(req, rank)

@@ -92,4 +92,7 @@ class CellHandle:
 
     def __repr__(self) -> str:
         state = "done" if self.done() else "running"
+        parked = sorted(self._req.turns.parked) if self._req.turns and not self.done() else []
+        if parked:
+            state += f"; {format_ranks(parked)} waiting in the debugger (%monarch debug --rank R)"
         return f"<CellHandle {self._req.id} on {format_ranks(self._req.ranks)}: {state}>"

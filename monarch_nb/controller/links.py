@@ -104,6 +104,12 @@ class Router:
         if self.comms is not None:
             self.comms.lost(rank)
 
+    def parked(self) -> dict[int, Request]:
+        """Ranks whose pdb waits in a background cell for ``%monarch debug`` (prompting.py)."""
+        with self._lock:
+            requests = list(self._requests.values())
+        return {r: req for req in requests if req.turns for r in list(req.turns.parked)}
+
     def busy(self, kind: str = "execute") -> dict[int, str]:
         """Ranks with an unfinished request of ``kind``, and that request's id."""
         with self._lock:

@@ -14,6 +14,7 @@ on the traceback the failed rank kept (rank/debugger.py), driven from here.
 from __future__ import annotations
 
 import builtins
+import collections
 import contextlib
 import getpass
 import queue
@@ -24,13 +25,18 @@ from typing import Any
 
 from IPython.core.error import StdinNotImplementedError
 
+from monarch_nb import errors
+from monarch_nb.controller.output import Renderer
 from monarch_nb.controller.targets import format_ranks
 from monarch_nb.errors import ClusterError
 
 NOBLOCK = (
-    "a rank's input() or pdb needs a blocking cell: this one runs in the background "
+    "a rank's input() needs a blocking cell: this one runs in the background "
     "(--noblock), where the notebook cannot prompt; run it without --noblock"
 )
+PARKED = "waits in the debugger: %monarch debug --rank {rank} attaches to it"
+SCRIPT_ENDED = "the cell's pdb commands ended"
+RECENT = 50  # a rank's latest output lines kept while it may stop: where its pdb stopped
 NO_INPUT_BOX = "the notebook's front end does not take input (allow_stdin is off)"
 PDB_PROMPT_START = "(Pdb rank "  # rank/debugger.py's prompt names the rank already
 
@@ -42,6 +48,11 @@ class Turns:
     def __init__(self):
         self.holder: int | None = None
         self.deferred: list[tuple[int, dict[str, Any]]] = []
+        # A background cell's: ranks whose pdb waits for ``%monarch debug`` (their prompt and
+        # the output just before it), the rank attached to and the queue its events go to.
+        self.parked: dict[int, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+        self.attached: tuple[int, queue.SimpleQueue] | None = None
+        self.recent: dict[int, collections.deque] = {}
 
 
 def on_event(req, rank: int, ev: dict[str, Any], renderer, ask: bool) -> None:
@@ -52,6 +63,13 @@ def on_event(req, rank: int, ev: dict[str, Any], renderer, ask: bool) -> None:
         return
     if ask and turns.holder not in (None, rank):
         turns.deferred.append((rank, ev))
+        return
+    recent = list(turns.recent.pop(rank, ()))
+    if ask and ev.get("hold") and threading.current_thread() is not threading.main_thread():
+        # pdb in a background cell: it waits until the notebook attaches
+        turns.parked[rank] = (ev, recent)
+        notice = {"ev": "stream", "name": "stderr", "lines": [PARKED.format(rank=rank) + "\n"]}
+        renderer.feed(rank, notice)
         return
     if ev.get("hold"):
         turns.holder = rank
@@ -65,6 +83,68 @@ def release(req, rank: int) -> None:
         turns.holder = None
         req.backlog.extendleft(reversed(turns.deferred))
         turns.deferred.clear()
+
+
+def divert(req, rank: int, ev: dict[str, Any]) -> bool:
+    """A background cell's event: while the notebook is attached to ``rank``'s debugger, that
+    rank's output and prompts go to the attaching cell (True: taken). Until then the rank's
+    latest output is kept, to show where its pdb stopped when the notebook attaches."""
+    turns = req.turns = req.turns or Turns()
+    attached = turns.attached
+    if attached is None or attached[0] != rank:
+        if ev["ev"] == "stream":
+            turns.recent.setdefault(rank, collections.deque(maxlen=RECENT)).append(ev)
+        elif ev["ev"] == "release":
+            turns.recent.pop(rank, None)
+        return False
+    attached[1].put(ev)
+    if ev["ev"] in ("release", "done"):
+        turns.attached = None
+    return ev["ev"] != "done"  # the gathering loop settles the rank's end as ever
+
+
+def attach(ctl, rank: int | None) -> bool:
+    """``%monarch debug`` where a background cell's rank waits in pdb (``rank``, or the lowest
+    that waits): its prompts come here until it continues or quits. False: none waits."""
+    parked = ctl._router.parked()
+    if rank is None and parked:
+        rank = min(parked)
+    req = parked.get(rank)
+    if req is None:
+        return False
+    if ctl.debugging is not None:
+        raise ClusterError(f"a debugger is already open on rank {ctl.debugging}; end it (q) first")
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    ev, recent = req.turns.parked.pop(rank)
+    req.turns.attached = (rank, events)
+    renderer = Renderer([rank])
+    ctl.debugging = rank
+    try:
+        for old in recent:
+            renderer.feed(rank, old)
+        while ev["ev"] not in ("release", "done"):
+            if ev["ev"] == "input":
+                answer(req, rank, ev, renderer, [], ask=True)
+            else:
+                renderer.feed(rank, ev)
+            ev = _next(events, renderer)
+    except KeyboardInterrupt:
+        ctl.interrupt(targets=[rank])  # the stop button ends debugging and the cell, as ever
+        raise
+    finally:
+        if req.turns.attached is not None and req.turns.attached[1] is events:
+            req.turns.attached = None
+        ctl.debugging = None
+        renderer.close()
+    return True
+
+
+def _next(events: queue.SimpleQueue, renderer) -> dict[str, Any]:
+    while True:
+        try:
+            return events.get(timeout=0.1)  # a short wait: Ctrl-C lands between two
+        except queue.Empty:
+            renderer.tick()
 
 
 def _waiting(req, rank: int) -> list[int]:
@@ -94,6 +174,14 @@ def answer(req, rank: int, ev: dict[str, Any], renderer, waiting: list[int], ask
     prompt = ev["prompt"]
     if not prompt.startswith(PDB_PROMPT_START):
         prompt = f"[rank {rank}] {prompt}"
+    if _script is not None:  # %%monarch debug: the cell's lines are typed at the prompts
+        if not _script:
+            req.send(rank, {**reply, "error": SCRIPT_ENDED})
+            return
+        value = _script.popleft()
+        print(f"{prompt}{value}", flush=True)
+        req.send(rank, {**reply, "value": value})
+        return
     try:
         with _sigint_raises():
             value = _ask(prompt, ev["password"])
@@ -104,6 +192,22 @@ def answer(req, rank: int, ev: dict[str, Any], renderer, waiting: list[int], ask
         req.send(rank, {**reply, "error": NO_INPUT_BOX})
         return
     req.send(rank, {**reply, "value": value})
+
+
+_script: collections.deque | None = None
+
+
+@contextlib.contextmanager
+def scripted(commands: list[str]):
+    """The ranks' prompts are answered with ``commands``, in turn, instead of asking the user
+    (``%%monarch debug``: a notebook that shows a debugging session and runs unattended);
+    past the last one a prompt gets EOF, which ends pdb."""
+    global _script
+    _script = collections.deque(commands)
+    try:
+        yield
+    finally:
+        _script = None
 
 
 def _ask(prompt: str, password: bool) -> str:
@@ -127,6 +231,17 @@ def _sigint_raises():
     finally:
         signal.signal(signal.SIGINT, previous)
         sys.stdout.flush()
+
+
+def _open(ctl, rank: int, fn, key: str, call) -> str:
+    """``fn(engine, key)`` on ``rank``, which runs pdb there: one debugger at a time."""
+    if ctl.debugging is not None:
+        raise ClusterError(f"a debugger is already open on rank {ctl.debugging}; end it (q) first")
+    ctl.debugging = rank
+    try:
+        return call(ctl, fn, (key,), targets=[rank], asked="the debugger")[rank]
+    finally:
+        ctl.debugging = None
 
 
 class Failure:
@@ -155,17 +270,7 @@ class Failure:
                 f"rank {rank} was restarted since that cell failed, and its traceback went "
                 "with the old worker"
             )
-        if ctl.debugging is not None:
-            raise ClusterError(
-                f"a debugger is already open on rank {ctl.debugging}; end it (q) first"
-            )
-        ctl.debugging = rank
-        try:
-            state = self.call(
-                ctl, _post_mortem, (self.request_id,), targets=[rank], asked="the debugger"
-            )[rank]
-        finally:
-            ctl.debugging = None
+        state = _open(ctl, rank, _post_mortem, self.request_id, self.call)
         if state == "none":
             raise ClusterError(
                 f"rank {rank} kept no traceback of that cell: its worker was restarted since"
@@ -175,6 +280,45 @@ class Failure:
                 f"rank {rank} failed again in a later cell, whose traceback replaced this "
                 "one's; %monarch debug opens the latest"
             )
+
+
+def debug_actor(err) -> None:
+    """``ActorError.debug``: pdb on the traceback the failed actor call left on its rank."""
+    ctl = errors.current()
+    if err.post_mortem is None:
+        raise ClusterError(
+            f"{err.where} kept no traceback to debug: it failed outside the endpoint's own code"
+        )
+    token, rank = err.post_mortem
+    if ctl is None or ctl.closed:
+        raise ClusterError("the cluster is down, and the tracebacks its ranks kept with it")
+
+    def call(ctl, fn, args, targets, asked):
+        return ctl.call(fn, *args, targets=targets)
+
+    state = _open(ctl, rank, _actor_post_mortem, token, call)
+    if state == "none":
+        raise ClusterError(
+            f"rank {rank} kept no traceback of that call: its worker was restarted since"
+        )
+    if state == "other":
+        raise ClusterError(
+            f"an actor call failed on rank {rank} since, and its traceback replaced this one's; "
+            "debug the latest error"
+        )
+
+
+def attach_actor(rank: int) -> bool:
+    """Take the prompt of an actor endpoint stopped in pdb on ``rank`` (the rank's own thread
+    relays it) until it continues or quits. False: none waits there."""
+    ctl = errors.current()
+    if ctl is None or ctl.closed:
+        return False
+
+    def call(ctl, fn, args, targets, asked):
+        return ctl.call(fn, *args, targets=targets)
+
+    return _open(ctl, rank, _attach_stopped, "", call) == "ok"
 
 
 def keep_failure(ctl, request_id: str, outcomes: dict[int, dict], err, call) -> None:
@@ -194,3 +338,15 @@ def _post_mortem(engine, request_id: str) -> str:
     from monarch_nb.rank import debugger
 
     return debugger.post_mortem(engine, request_id)
+
+
+def _attach_stopped(engine, _: str) -> str:
+    from monarch_nb.rank import debugger
+
+    return debugger.attach(engine)
+
+
+def _actor_post_mortem(engine, token: str) -> str:
+    from monarch_nb.rank import debugger
+
+    return debugger.actor_post_mortem(engine, token)

@@ -85,6 +85,9 @@ class MonarchMagics(Magics):
             [rank 1] sum 2.0
             Out[7]: ValueMesh({0: tensor([0., 0.]), 1: tensor([1., 1.])})
 
+        ``%%monarch debug [--rank R]`` is ``%monarch debug`` with the cell's lines typed at the
+        rank's pdb prompts, for a notebook that runs unattended.
+
         The cell may use IPython's shell syntax: ``!cmd``, ``out = !cmd``, ``%time``,
         ``%timeit``, ``%pip``, ``%cd``, ``%pwd``, ``%env``, and on its first line ``%%time``,
         ``%%timeit``, ``%%bash``, ``%%sh`` or ``%%writefile`` (other magics are refused).
@@ -138,6 +141,8 @@ class MonarchMagics(Magics):
             print("monarch-nb: auto off: cells run in the notebook again")
 
     def _cell(self, line: str, cell: str):
+        if line.split()[:1] == ["debug"]:
+            return magic_debug.debug_cell(self, line, cell)
         try:
             args = self.cell_parser.parse_argstring(line)
         except SystemExit:  # -h printed the help; the cell does not run

@@ -20,8 +20,10 @@ import contextlib
 import getpass
 import itertools
 import pdb
+import queue
 import sys
 import threading
+import uuid
 from typing import Any
 
 from monarch_nb.rank.cells import CELL_PREFIX
@@ -32,6 +34,9 @@ POLL = 0.1  # seconds between looks at the wire: an interrupt lands between two
 _local = threading.local()  # .ctx: (wire, channel, request id, rank) while a request runs
 _seq = itertools.count(1)
 _originals: dict[str, Any] = {}
+_actor_failure: tuple[str, BaseException, Any] | None = None  # keep_actor_failure
+_stops: list[Stop] = []  # actor threads stopped in pdb, oldest first
+_stops_lock = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -57,24 +62,107 @@ def install() -> None:
 
 
 def _input(prompt: Any = "") -> str:
+    if getattr(_local, "stop", None) is not None:
+        return _local.stop.ask(str(prompt), password=False)
     if getattr(_local, "ctx", None) is None:
         return _originals["input"](prompt)
     return ask(str(prompt), password=False)
 
 
 def _getpass(prompt: str = "Password: ", stream=None) -> str:
+    if getattr(_local, "stop", None) is not None:
+        return _local.stop.ask(str(prompt), password=True)
     if getattr(_local, "ctx", None) is None:
         return _originals["getpass"](prompt, stream)
     return ask(str(prompt), password=True)
 
 
 def _set_trace(*, header: str | None = None) -> None:
-    if getattr(_local, "ctx", None) is None:
+    if getattr(_local, "ctx", None) is not None:
+        debugger = RankPdb(_local.ctx[3])
+    elif getattr(_local, "stops", None) is not None:  # an actor's thread
+        rank, notify = _local.stops
+        _local.stop = stop = Stop()
+        debugger = RankPdb(rank, stdout=stop)
+        notify(stop)
+    else:
         return _originals["set_trace"](header=header)
-    debugger = RankPdb(_local.ctx[3])
     if header is not None:
         debugger.message(header)
     debugger.set_trace(sys._getframe().f_back)
+
+
+def route_stops(rank: int | None, notify) -> None:
+    """pdb on the calling thread (an actor's, which serves no notebook request) waits for the
+    notebook to attach (``attach``); ``notify(stop)`` tells the caller it stopped."""
+    _local.stops = (rank, notify)
+
+
+class Stop:
+    """A thread stopped in pdb where no notebook prompt is open (an actor endpoint's): what pdb
+    writes and asks waits here until the notebook attaches from the rank's own thread, which
+    relays it (its ``ask`` is the notebook's). Also pdb's stdout."""
+
+    def __init__(self):
+        self.events: queue.SimpleQueue = (
+            queue.SimpleQueue()
+        )  # ("out", text), ("ask", ...), ("end",)
+        self.answers: queue.SimpleQueue = queue.SimpleQueue()  # (text, None) or (None, why)
+        with _stops_lock:
+            _stops.append(self)
+
+    def write(self, text: str) -> int:
+        self.events.put(("out", text))
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def ask(self, prompt: str, password: bool) -> str:
+        self.events.put(("ask", prompt, password))
+        value, why = self.answers.get()
+        if why is not None:
+            _local.eof = why
+            raise EOFError(why)
+        return value
+
+    def end(self) -> None:
+        """pdb let go (continued or quit): the attached notebook stops relaying."""
+        with _stops_lock:
+            if self in _stops:
+                _stops.remove(self)
+        _local.stop = None
+        self.events.put(("end",))
+
+
+def attach(engine) -> str:
+    """Run on the rank's thread for ``%monarch debug``: relay the oldest stopped actor thread's
+    pdb to the notebook until it continues or quits. "none" where no thread waits."""
+    with _stops_lock:
+        stop = _stops[0] if _stops else None
+    if stop is None:
+        return "none"
+    _local.holding = True
+    try:
+        while True:
+            try:
+                event = stop.events.get(timeout=POLL)  # an interrupt lands between two
+            except queue.Empty:
+                continue
+            if event[0] == "out":
+                sys.stdout.write(event[1])
+            elif event[0] == "ask":
+                try:
+                    stop.answers.put((ask(event[1], event[2]), None))
+                except EOFError as e:
+                    stop.answers.put((None, str(e)))
+            else:
+                return "ok"
+    except BaseException:
+        stop.answers.put((None, "the notebook stopped debugging"))  # pdb quits: the call fails
+        raise
+    finally:
+        _release()
 
 
 def ask(prompt: str, password: bool) -> str:
@@ -113,8 +201,8 @@ class RankPdb(pdb.Pdb):
     """pdb on a rank: its prompt names the rank, it reads through ``ask`` and writes to the
     cell's captured stdout. An interrupt ends it (plain pdb would prompt again)."""
 
-    def __init__(self, rank: int | None):
-        super().__init__(stdout=sys.stdout, nosigint=True, readrc=False)
+    def __init__(self, rank: int | None, stdout=None):
+        super().__init__(stdout=stdout or sys.stdout, nosigint=True, readrc=False)
         self.prompt = PDB_PROMPT.format(rank=rank)
         self.use_rawinput = True
 
@@ -124,11 +212,17 @@ class RankPdb(pdb.Pdb):
 
     def set_continue(self):
         super().set_continue()
-        _release()
+        self._let_go()
 
     def set_quit(self):
         super().set_quit()
-        _release()
+        self._let_go()
+
+    def _let_go(self) -> None:
+        if isinstance(self.stdout, Stop):
+            self.stdout.end()
+        else:
+            _release()
 
     def _cmdloop(self) -> None:
         try:
@@ -178,9 +272,37 @@ def post_mortem(engine, request_id: str) -> str:
         return "none"
     if failure[0] != request_id:
         return "other"
-    _, exc, tb = failure
+    _open(engine, *failure[1:])
+    return "ok"
+
+
+def keep_actor_failure(exc: BaseException, skip: str) -> str | None:
+    """An actor call that raised keeps its traceback, from the endpoint's own frame on
+    (``skip``: the actor worker's file), for ``ActorError.debug``: the latest per process, as a
+    cell's. Its token, which the error carries back; None where no frame of the actor's is left."""
+    global _actor_failure
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == skip:
+        tb = tb.tb_next
+    if tb is None or not _originals:  # not a rank: nobody can debug it from a notebook
+        return None
+    token = uuid.uuid4().hex
+    _actor_failure = (token, exc, tb)
+    return token
+
+
+def actor_post_mortem(engine, token: str) -> str:
+    """``post_mortem`` for the actor call whose error carries ``token``."""
+    if _actor_failure is None:
+        return "none"
+    if _actor_failure[0] != token:
+        return "other"
+    _open(engine, *_actor_failure[1:])
+    return "ok"
+
+
+def _open(engine, exc: BaseException, tb) -> None:
     debugger = RankPdb(engine.identity.get("rank"))
     debugger.message(f"{type(exc).__name__}: {exc}")
     debugger.reset()
     debugger.interaction(None, tb)
-    return "ok"

@@ -266,10 +266,134 @@ def test_interrupt_at_a_breakpoint_ends_debugging_and_the_cell(kernel):
     assert "10" in text and "11" in text
 
 
-def test_breakpoint_in_a_noblock_cell_says_to_run_it_blocking(kernel):
-    kernel.run("%%monarch --noblock --targets 0\nbreakpoint()\nleft = 'no'")
-    text, _ = kernel.run("handle = _\nhandle.wait(60)\nprint(*handle.output, sep='')")
-    # pdb was not left waiting for an answer that cannot come: it quit, saying why
-    assert "run it without --noblock" in text
-    text, _ = kernel.run("%%monarch --targets 0\nprint(globals().get('left'))")
-    assert "[rank 0] None" in text
+def test_breakpoint_in_a_noblock_cell_waits_until_the_notebook_attaches(kernel):
+    kernel.run(
+        "%%monarch --noblock --targets 0\nw = 41\nbreakpoint()\nleft = w + 1\nprint('left', left)"
+    )
+    kernel.run("handle = _")
+    deadline = time.monotonic() + 60
+    while "waiting in the debugger" not in (shown := kernel.run("handle")[0]):
+        assert time.monotonic() < deadline, shown
+        time.sleep(0.2)
+    assert "rank 0 waiting in the debugger (%monarch debug --rank R)" in shown
+    text, _ = kernel.run("print(*handle.output, sep='')")
+    assert "[rank 0] waits in the debugger: %monarch debug --rank 0 attaches to it" in text
+    # the rank waits: nothing ran past the breakpoint, however long nobody answers
+    time.sleep(1)
+    assert kernel.run("handle.done()")[0].strip() == "False"
+    text, prompts = kernel.run("%monarch debug", answers=["p w", "c"])
+    assert [p["prompt"] for p in prompts] == ["(Pdb rank 0) "] * 2
+    assert "<monarch cell" in text  # where pdb stopped, shown on attaching
+    assert "[rank 0] 41" in text
+    text, _ = kernel.run("handle.wait(60)\nprint(*handle.output, sep='')")
+    assert "[rank 0] left 42" in text
+    assert "waiting in the debugger" not in kernel.run("handle")[0]
+
+
+def test_input_in_a_noblock_cell_and_a_parked_debugger_interrupted(kernel):
+    kernel.run("%%monarch --noblock --targets 1\nbreakpoint()\nleft = 'no'")
+    kernel.run("handle = _")
+    deadline = time.monotonic() + 60
+    while "waiting in the debugger" not in kernel.run("handle")[0]:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    kernel.run("handle.interrupt()\nhandle.wait(60)")
+    text, _ = kernel.run("%%monarch --targets 1\nprint(globals().get('left'))")
+    assert "[rank 1] None" in text  # the interrupt ended pdb and the cell; the rank goes on
+    text, _ = kernel.run("%monarch debug --rank 0", ok=False)
+    assert "waits in the debugger" not in text
+
+
+ACTOR = """from monarch_nb import Actor, current_rank, endpoint, proc_mesh
+
+def ratio(v):
+    top = v * 10
+    return top / (v - 1)
+
+class Ratio(Actor):
+    @endpoint
+    def at(self):
+        here = current_rank().rank
+        return ratio(here)
+
+ratios = proc_mesh().spawn("ratios", Ratio)
+try:
+    ratios.at.call().get()
+except Exception as e:
+    err = e
+print(type(err).__name__, err.rank)
+"""
+
+
+def test_post_mortem_on_an_actor_error_prints_a_local_of_a_called_function(kernel):
+    text, _ = kernel.run(ACTOR)
+    assert "ActorError 1" in text
+    text, prompts = kernel.run("err.debug()", answers=["p top", "up", "p here", "q"])
+    assert [p["prompt"] for p in prompts] == ["(Pdb rank 1) "] * 4
+    assert "[rank 1] ZeroDivisionError: division by zero" in text
+    assert "[rank 1] 10" in text  # top in ratio(), on rank 1
+    assert "[rank 1] 1" in text  # here, one frame up: the endpoint's
+    # %monarch debug right after an ActorError opens the same; %debug points there
+    kernel.run("raise err", ok=False)
+    text, prompts = kernel.run("%monarch debug", answers=["p top", "q"])
+    assert "[rank 1] 10" in text
+    kernel.run("raise err", ok=False)
+    text, prompts = kernel.run("%debug")
+    assert "%monarch debug" in text and not prompts
+    # the actor goes on answering
+    text, _ = kernel.run("ratios.slice(gpus=0).at.call_one().get()")
+    assert "-0.0" in text
+
+
+def test_debug_of_an_actor_error_replaced_by_a_later_one_says_so(kernel):
+    kernel.run(ACTOR + "first = err\nratios.at.call().get()", ok=False)
+    text, _ = kernel.run("first.debug()", ok=False)
+    assert "an actor call failed on rank 1 since" in text
+
+
+def test_debug_cell_types_its_lines_at_the_prompts_without_an_input_box(kernel):
+    kernel.run(FAILING, ok=False)
+    # nbclient executes with allow_stdin off: the cell form needs no input box
+    text, prompts = kernel.run("%%monarch debug\np x\nup\np rank\n", allow_stdin=False)
+    assert not prompts
+    assert "(Pdb rank 1) p x" in text and "[rank 1] 40" in text
+    assert "(Pdb rank 1) p rank" in text and "[rank 1] 1" in text
+    assert "[rank 1] the cell's pdb commands ended" in text  # past the last line: pdb ends
+    text, _ = kernel.run("%%monarch --targets 1\nrank + 1")
+    assert "2" in text
+
+
+ACTOR_BREAK = """from monarch_nb import Actor, current_rank, endpoint, proc_mesh
+
+class Stepper(Actor):
+    @endpoint
+    def step(self, v):
+        w = v + current_rank().rank * 100
+        breakpoint()
+        return w
+
+steppers = proc_mesh().spawn("steppers", Stepper)
+"""
+
+
+def test_breakpoint_in_an_actor_endpoint_prompts_while_the_call_waits(kernel):
+    kernel.run(ACTOR_BREAK)
+    text, prompts = kernel.run(
+        "steppers.step.call(5).get()", answers=["p w", "c", "p w", "c"], timeout=180
+    )
+    assert sorted(p["prompt"] for p in prompts) == ["(Pdb rank 0) "] * 2 + ["(Pdb rank 1) "] * 2
+    assert "[rank 0] 5" in text and "[rank 1] 105" in text
+    assert "waits in the debugger" in text  # the endpoint's own line, tagged by its mesh
+    assert "ValueMesh({0: 5, 1: 105})" in text
+
+
+def test_breakpoint_in_a_broadcast_endpoint_waits_for_monarch_debug(kernel):
+    kernel.run(ACTOR_BREAK + "steppers.slice(gpus=1).step.broadcast(7)")
+    text, prompts = kernel.run("%monarch debug --rank 1", answers=["p w", "c"])
+    assert [p["prompt"] for p in prompts] == ["(Pdb rank 1) "] * 2
+    assert "[rank 1] 7" in text  # w: the slice's one actor is its rank 0
+    # c let it go: no actor thread waits on rank 1 any more
+    text, _ = kernel.run(
+        "%%monarch --targets 1\nfrom monarch_nb.rank import debugger\nlen(debugger._stops)"
+    )
+    assert "0" in text
