@@ -18,7 +18,7 @@ STAMP := $(VENV)/.monarch-installed
 WANT = $(TORCH) | $(shell cat pyproject.toml extension/package.json \
 	$$(find extension/src extension/style extension/schema -type f | sort) | cksum)
 
-.PHONY: setup lab test lint bench browser clean
+.PHONY: setup lab test lint bench browser slurm clean
 
 setup:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,7 +44,12 @@ lint: setup
 browser:
 	@test -x /usr/bin/chromium || (apt-get update -q && apt-get install -y -q chromium)
 
-test: lint browser
+# The Slurm test starts Debian's slurmctld, slurmd and munged itself (tests/_slurm.py).
+slurm:
+	@test -x /usr/sbin/slurmctld -a -x /usr/sbin/slurmd -a -x /usr/sbin/munged || \
+		(apt-get update -q && apt-get install -y -q slurm-wlm munge)
+
+test: lint browser slurm
 	$(PY) -m pytest
 
 bench: setup

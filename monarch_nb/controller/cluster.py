@@ -21,6 +21,7 @@ import importlib
 import logging
 import os
 import signal
+import subprocess
 import threading
 import weakref
 from collections.abc import Mapping
@@ -400,3 +401,37 @@ def load_factory(spec: str):
             "(it needs a scheduler_address)"
         )
     return cluster
+
+
+def jobs_not_joined(cluster, joined: set) -> str:
+    """The batch jobs of a dask-jobqueue ``cluster`` whose workers are not among ``joined``
+    (worker names), each with its Slurm state (``job 17 PENDING (PartitionDown)``); "" for
+    any other cluster. A Slurm that does not answer leaves just the job ids."""
+    jobs = [
+        str(job.job_id)
+        for name, job in (getattr(cluster, "workers", None) or {}).items()
+        if name not in joined and getattr(job, "job_id", None)
+    ]
+    if not jobs:
+        return ""
+    if getattr(getattr(cluster, "job_cls", None), "submit_command", None) != "sbatch":
+        return "batch " + ", ".join(f"job {job}" for job in jobs)
+    states: dict[str, str] = {}
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "-j", ",".join(jobs), "-o", "%i %T %r"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "Slurm " + ", ".join(f"job {job}" for job in jobs)
+    for line in out.stdout.splitlines():
+        job, _, state = line.partition(" ")
+        state, _, reason = state.partition(" ")
+        states[job] = f"{state} ({reason})" if reason not in ("", "None") else state
+    # squeue answers "Invalid job id" when none of them is queued any more
+    if out.returncode == 0 or "Invalid job id" in out.stderr:
+        gone = "no longer queued (its log says why)"
+        return "Slurm " + ", ".join(f"job {job} {states.get(job, gone)}" for job in jobs)
+    return "Slurm " + ", ".join(f"job {job}" for job in jobs)

@@ -210,7 +210,7 @@ def connect(
             if expected is None and cluster is not None and getattr(cluster, "worker_spec", None):
                 expected = len(cluster.worker_spec)
             try:
-                _wait_for_workers(client, expected or 1, wait)
+                _wait_for_workers(client, expected or 1, wait, cluster)
                 ctl = Controller(
                     client,
                     cluster=cluster,
@@ -266,19 +266,24 @@ def _client(address, scheduler_file, cluster, timeout, security):
         raise ClusterError(f"the scheduler of {where} {_NEEDS_TLS}") from None
 
 
-def _wait_for_workers(client, n: int, wait: float) -> None:
-    """Wait up to ``wait`` seconds for ``n`` workers, saying so once the wait is noticeable."""
+def _wait_for_workers(client, n: int, wait: float, cluster=None) -> None:
+    """Wait up to ``wait`` seconds for ``n`` workers, saying so once the wait is noticeable;
+    when the wait runs out, the batch jobs of ``cluster`` that have not joined are named with
+    their state (a job that never starts: a partition that is down, a request no node fits)."""
     start = time.monotonic()
     told = False
     while True:
-        joined = len(client.scheduler_info(n_workers=-1)["workers"])
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+        joined = len(workers)
         if joined >= n:
             return
         waited = time.monotonic() - start
         if waited > wait:
+            jobs = clusters.jobs_not_joined(cluster, {w.get("name") for w in workers.values()})
             raise ClusterError(
-                f"only {joined} of {n} workers joined within {wait:g} s; "
-                "--wait S (wait=S) waits longer"
+                f"only {joined} of {n} workers joined within {wait:g} s"
+                + (f" ({jobs})" if jobs else "")
+                + "; --wait S (wait=S) waits longer"
             )
         if not told and waited > 2:
             print(

@@ -1,0 +1,193 @@
+"""A real Slurm runs the ranks: munged, slurmctld and slurmd on this machine (tests/_slurm.py),
+dask-jobqueue's SLURMCluster through notebooks/slurm_site.py, one Slurm job per rank.
+
+Skipped, in one line, only where Slurm is not installed or the test is not root; where it is
+installed (``make test`` installs it) a Slurm that does not come up fails the test.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+from _server_helpers import status_of
+from _slurm import DOWN_PARTITION, Slurm, wait_until_empty, why_not
+from _wait import wait_for
+from nbclient import NotebookClient
+
+import monarch_nb
+
+pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
+NOTEBOOKS = Path(__file__).parent.parent.parent / "notebooks"
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    reason = why_not()
+    if reason:
+        pytest.skip(reason)
+    pytest.importorskip("dask_jobqueue", reason="dask-jobqueue is not installed (the dev extra)")
+    s = Slurm()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SLURM_CONF", str(s.conf))  # for sbatch, squeue and scancel
+        mp.syspath_prepend(str(NOTEBOOKS))  # slurm_site, the factory notebook 05 uses
+        try:
+            s.start()
+        except RuntimeError as e:
+            s.stop()
+            pytest.fail(str(e))
+        try:
+            yield s
+        finally:
+            left = s.stop()
+            sys.modules.pop("slurm_site", None)
+            sys.modules.pop("stuck_site", None)
+    assert left == [], f"processes of the test Slurm left running: {left}"
+
+
+@pytest.fixture
+def jp_server_config():
+    return {"ServerApp": {"jpserver_extensions": {"monarch_nb.server": True}}}
+
+
+def test_ranks_are_slurm_jobs(slurm, no_current, cell, jp_fetch, jp_asyncio_loop):
+    start = time.monotonic()
+    cell("%monarch connect --cluster slurm_site:make_cluster --workers 2 --wait 60")
+    assert "connected to 2 ranks" in cell.out, cell.out
+    ctl = monarch_nb.current()
+    jobs = {name: job.job_id for name, job in ctl.cluster.workers.items()}
+    assert sorted(jobs) == [0, 1] and len(set(jobs.values())) == 2
+    assert sorted(line.split()[:2] for line in slurm.squeue()) == sorted(
+        [job, "RUNNING"] for job in jobs.values()
+    )
+
+    # Worker names 0 and 1 are the ranks: rank r runs in the job the cluster submitted as r.
+    where = cell("%%monarch\nimport os\nos.environ['SLURM_JOB_ID']")
+    assert where.values() == [jobs[0], jobs[1]]
+    reduced = cell(
+        "%%monarch\nimport torch, torch.distributed as dist\n"
+        "t = torch.tensor([rank + 1.0])\ndist.all_reduce(t)\n(dist.get_world_size(), t.item())"
+    )
+    assert reduced.values() == [(2, 3.0), (2, 3.0)]
+
+    # log() reaches the notebook and the sidebar's metrics route.
+    cell("%%monarch\nfrom monarch_nb import log\nlog(step=0, loss=1.5 + rank)")
+    assert wait_for(lambda: len(monarch_nb.history()) == 2, timeout=15)
+    history = monarch_nb.history()
+    assert {r: [row.values["loss"] for row in rows] for r, rows in history.items()} == {
+        0: [1.5],
+        1: [2.5],
+    }
+
+    def route():
+        return jp_asyncio_loop.run_until_complete(
+            status_of(jp_fetch, "monarch", "api", "clusters", ctl.id, "metrics")
+        )
+
+    body: dict = {}
+
+    def logged() -> bool:
+        nonlocal body
+        code, body = route()
+        return code == 200 and [r.get("loss") for r in body["ranks"]] == [1.5, 2.5]
+
+    assert wait_for(logged, timeout=15), body
+    assert body["state"] == "up" and [r["rank"] for r in body["ranks"]] == [0, 1]
+
+    # scancel rank 1's job while a cell runs: the cell ends with rank 1's WorkerLost, and
+    # rank 0's result is kept.
+    timer = threading.Timer(1.5, slurm.command, ("scancel", jobs[1]))
+    timer.start()
+    t0 = time.monotonic()
+    try:
+        cell(
+            "%%monarch\nimport time\nt0 = time.time()\n"
+            "while rank == 1 and time.time() - t0 < 120:\n    time.sleep(0.05)\nrank",
+            expect_error=True,
+        )
+    finally:
+        timer.cancel()
+    assert time.monotonic() - t0 < 30
+    err = cell.error
+    assert isinstance(err, monarch_nb.CellError), repr(err)
+    assert list(err.errors) == [1] and err.errors[1].ename == "WorkerLost"
+    assert err.results.to_dict() == {0: 0}
+    assert "1 of 2 ranks failed" in cell.out and "[rank 1] WorkerLost" in cell.out
+
+    cell("%monarch down")
+    assert "cluster shut down" in cell.out
+    assert wait_until_empty(slurm), slurm.squeue()
+    assert time.monotonic() - start < 60
+
+
+STUCK = f"""
+from slurm_site import make_cluster
+
+
+def make():
+    return make_cluster(queue={DOWN_PARTITION!r})
+"""
+
+
+def test_a_job_that_never_starts_is_named_with_its_slurm_state(
+    slurm, no_current, cell, tmp_path, monkeypatch
+):
+    (tmp_path / "stuck_site.py").write_text(STUCK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    start = time.monotonic()
+    cell("%monarch connect --cluster stuck_site:make --workers 2 --wait 5", expect_error=True)
+    message = str(cell.error)
+    took = time.monotonic() - start
+    # one line: each job the wait ended without, with its state (a DOWN partition holds it)
+    named = re.fullmatch(
+        r"only 0 of 2 workers joined within 5 s \(Slurm job (\d+) PENDING \((\w+)\), "
+        r"job (\d+) PENDING \((\w+)\)\); --wait S \(wait=S\) waits longer",
+        message,
+    )
+    assert named, message
+    assert named[1] != named[3] and named[2] == named[4] == "PartitionDown", message
+    assert took < 30, f"the connect took {took:.1f} s"
+    # the cluster the factory made is closed, and its jobs cancelled
+    assert wait_until_empty(slurm, timeout=15), slurm.squeue()
+
+
+def test_notebook_05_runs_its_slurm_part_on_slurm(slurm):
+    """tests/test_notebooks.py runs all of notebook 05 where no Slurm answers (its Slurm part
+    on a local cluster); here its Slurm part runs on Slurm, up to the ``%monarch down`` that
+    ends it (the rest, a scheduler and workers as processes, is the same either way)."""
+    nb = nbformat.read(NOTEBOOKS / "05-scaling-out.ipynb", as_version=4)
+    end = next(i for i, c in enumerate(nb.cells) if c.source.strip() == "%monarch down")
+    nb.cells = nb.cells[: end + 1]
+    NotebookClient(
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
+    ).execute()
+    code = [c for c in nb.cells if c.cell_type == "code"]
+
+    def shown(snippet: str) -> str:
+        return next(_text(c) for c in code if snippet in c.source)
+
+    connect = shown("slurm_site:make_cluster")
+    assert "connected to 2 ranks" in connect and "local cluster" not in connect, connect
+    ranks = shown("SLURM_JOB_ID")
+    assert "None" not in ranks and ranks.count(", 3.0)") == 2, ranks
+    assert "cluster shut down" in _text(code[-1])
+    assert wait_until_empty(slurm), slurm.squeue()
+
+
+def _text(cell) -> str:
+    """What a cell showed, its error included."""
+    parts = []
+    for out in cell.outputs:
+        if out["output_type"] == "stream":
+            parts.append(out["text"])
+        elif out["output_type"] == "error":
+            parts.append("\n".join(out["traceback"]))
+        elif "data" in out:
+            parts.append(out["data"].get("text/plain", ""))
+    return "".join(parts)
