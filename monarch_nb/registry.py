@@ -169,7 +169,7 @@ def make_entry(ctl) -> dict[str, Any]:
         "scheduler_address": ctl.scheduler_address,
         "dashboard_url": dashboard_for(link, ctl.scheduler_address),
         "ranks": ctl.world_size,
-        "started": time.time(),
+        "started": getattr(ctl, "started", None) or time.time(),  # kept when written again
         "pid": pid,
         "pid_started": _process_started(pid),
         "kernel_id": kernel_id(),

@@ -449,6 +449,18 @@ def dead_actors(ctl=None) -> list[tuple[str, int, str]]:
     return sorted(dead, key=lambda d: (d[0], d[1]))
 
 
+def calls_owed(ctl, addresses) -> int:
+    """How many replies this controller's actor calls (and spawns) still wait for from the
+    workers at ``addresses``: ``%monarch scale`` lets them arrive before those workers go."""
+    state = _states.get(ctl)
+    if state is None:
+        return 0
+    mailbox = state.mailbox
+    with mailbox._lock:
+        owed = [a for p in mailbox._pending.values() for a in p.targets.values()]
+    return sum(a in addresses for a in owed)
+
+
 def close(ctl=None) -> None:
     """Drop this controller's actor connections (call before leaving a cluster you keep
     running): the workers stop the actors it spawned, its pending calls fail, and its meshes

@@ -42,6 +42,21 @@ def current_host() -> ActorHost | None:
     return _host
 
 
+def wait_idle(told=None, poll: float = 0.05) -> None:
+    """Return once every actor here has run the calls it has (sync endpoints, queued ones and
+    ``async def`` ones): a worker leaving the cluster (``%monarch scale``) cuts none off
+    mid-way. ``told(actor name)`` is called once, when one keeps it waiting past a second."""
+    start = time.monotonic()
+    for runner in list(_host.actors.values()) if _host is not None else []:
+        done = threading.Event()
+        with contextlib.suppress(RuntimeError):  # a stopped actor has nothing left to run
+            runner.loop.call_soon_threadsafe(done.set)  # runs after what it has queued
+            while runner._thread.is_alive() and not (done.wait(poll) and not runner._tasks):
+                if told is not None and time.monotonic() - start > 1:
+                    told(runner.name)
+                    told = None
+
+
 class ActorPlugin(WorkerPlugin):
     """Gives each worker an ActorHost and the attach handler."""
 
@@ -271,22 +286,6 @@ class ActorRunner:
         self.output.end_call()
         _reply(channel, self.owner, msg, reply)
 
-
-def _reply(channel: Channel, owner: Channel, msg: dict, reply: dict) -> None:
-    """Answer a call; a broadcast (no id) only answers failures, to the mesh's owner."""
-    if "id" in msg:
-        channel.send({"id": msg["id"], "r": msg["r"], **reply})
-    elif not reply["ok"]:
-        report = {"r": msg["r"], "mid": msg["mesh"], "where": msg["where"], "broadcast": True}
-        owner.send({**report, **reply})
-
-
-def _value(value: Any) -> dict[str, Any]:
-    try:
-        return {"ok": True, "v": cloudpickle.dumps(value, protocol=5)}
-    except BaseException as e:  # whatever a __reduce__ raises, the call gets its answer
-        return _plain_error(f"the return value ({type(value).__name__}) cannot be pickled: {e}")
-
     def _proc_rank(self) -> int | None:
         """The cluster rank of this worker (a mesh's own ranks may be a slice's)."""
         return getattr(self.host.worker.extensions.get("monarch"), "identity", {}).get("rank")
@@ -306,6 +305,22 @@ def _value(value: Any) -> dict[str, Any]:
         if token is not None and rank is not None:
             reply["e"]["pm"] = [token, rank]
         return reply
+
+
+def _reply(channel: Channel, owner: Channel, msg: dict, reply: dict) -> None:
+    """Answer a call; a broadcast (no id) only answers failures, to the mesh's owner."""
+    if "id" in msg:
+        channel.send({"id": msg["id"], "r": msg["r"], **reply})
+    elif not reply["ok"]:
+        report = {"r": msg["r"], "mid": msg["mesh"], "where": msg["where"], "broadcast": True}
+        owner.send({**report, **reply})
+
+
+def _value(value: Any) -> dict[str, Any]:
+    try:
+        return {"ok": True, "v": cloudpickle.dumps(value, protocol=5)}
+    except BaseException as e:  # whatever a __reduce__ raises, the call gets its answer
+        return _plain_error(f"the return value ({type(value).__name__}) cannot be pickled: {e}")
 
 
 def _error(exc: BaseException) -> dict[str, Any]:

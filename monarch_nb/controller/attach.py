@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from monarch_nb.controller import dispatch, gathering
+from monarch_nb.controller import sync as code_sync
 from monarch_nb.controller.links import Link, RankInfo, Request
 from monarch_nb.controller.setup_wait import wait_for_setup
 from monarch_nb.controller.targets import format_ranks
@@ -38,22 +39,25 @@ def rank_table(
     workers: Mapping[str, dict], previous: list[RankInfo] | None = None
 ) -> list[RankInfo]:
     """Ranks in a deterministic order: worker names 0..N-1 where the cluster gave them (a
-    local cluster, and across restarts), else sorted by host, then address."""
+    local cluster, and across restarts), else sorted by host, then address. The workers of
+    ``previous`` that are still there keep their ranks; others follow (``%monarch scale``)."""
     entries = [
         (addr, w.get("name", addr), w.get("host", ""), w.get("local_directory", ""))
         for addr, w in workers.items()
     ]
-    names = [entry[1] for entry in entries]
+    kept: list = []
     if previous:
         order = {p.name: p.rank for p in previous}
-        if set(names) == set(order):
-            entries.sort(key=lambda e: order[e[1]])
-            return _with_local_ranks(entries)
-    if sorted(n for n in names if isinstance(n, int)) == list(range(len(entries))):
+        if set(order) <= {entry[1] for entry in entries}:
+            kept = sorted((e for e in entries if e[1] in order), key=lambda e: order[e[1]])
+            entries = [e for e in entries if e[1] not in order]
+    names = [entry[1] for entry in entries]
+    first = len(kept)
+    if sorted(n for n in names if isinstance(n, int)) == list(range(first, first + len(names))):
         entries.sort(key=lambda e: e[1])
     else:
         entries.sort(key=lambda e: (e[2], e[0]))
-    return _with_local_ranks(entries)
+    return _with_local_ranks(kept + entries)
 
 
 def _with_local_ranks(entries) -> list[RankInfo]:
@@ -81,6 +85,7 @@ def reattach(ctl: Controller) -> None:
     attach_all(ctl, wait_for_workers(ctl, len(ctl.ranks), timeout=60))
     ctl._detached = False
     ctl._form_group()
+    code_sync.resend(ctl, [info.rank for info in ctl.ranks])
 
 
 def open_links(ctl: Controller, infos: list[RankInfo]) -> None:
@@ -157,7 +162,7 @@ def lost(ctl: Controller, rank: int, why: str) -> None:
 def _replace(ctl: Controller, rank: int) -> None:
     old = ctl.ranks[rank]
     deadline = time.monotonic() + REPLACE_TIMEOUT
-    while time.monotonic() < deadline and not ctl.closed and not ctl._restarting:
+    while time.monotonic() < deadline and _still_lost(ctl, rank, old):
         try:
             workers = ctl.client.scheduler_info(n_workers=-1)["workers"]
         except Exception:
@@ -171,6 +176,8 @@ def _replace(ctl: Controller, rank: int) -> None:
             ):
                 host = w.get("host", old.host)
                 info = RankInfo(rank, old.name, addr, host, old.local_rank, incarnation=incarnation)
+                if not _still_lost(ctl, rank, old):
+                    return
                 ctl.ranks[rank] = info
                 try:
                     open_links(ctl, [info])
@@ -184,10 +191,19 @@ def _replace(ctl: Controller, rank: int) -> None:
                 ctl._form_group()
                 if ctl.dist_backend:
                     ctl._notice(f"the {ctl.dist_backend} process group was formed again")
+                code_sync.resend(ctl, [rank])
                 return
         time.sleep(0.25)
-    if not ctl.closed and not ctl._restarting:
+    if _still_lost(ctl, rank, old):
         ctl._notice(
             f"rank {rank}: no replacement worker joined within "
             f"{REPLACE_TIMEOUT:.0f} s; use %monarch restart"
         )
+
+
+def _still_lost(ctl: Controller, rank: int, old: RankInfo) -> bool:
+    """``rank`` still waits for a replacement of ``old``: the cluster is not down or
+    restarting, and ``%monarch scale`` has not taken the rank out (scale.py)."""
+    if ctl.closed or ctl._restarting:
+        return False
+    return rank < len(ctl.ranks) and ctl.ranks[rank] is old

@@ -23,12 +23,14 @@ import os
 import socket
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
 from monarch_nb import registry
-from monarch_nb.controller import attach, data, dispatch, lifecycle, stacks, status, syntax
+from monarch_nb.controller import attach, data, dispatch, lifecycle, scale, stacks, status, syntax
+from monarch_nb.controller import sync as code_sync
 from monarch_nb.controller.dist import DistError, form_group, form_if_pending
 from monarch_nb.controller.handles import CellHandle
 from monarch_nb.controller.links import Link, RankInfo, Reader, Router
@@ -37,6 +39,7 @@ from monarch_nb.controller.results import ValueMesh
 from monarch_nb.controller.targets import format_ranks, parse_targets
 from monarch_nb.errors import ClusterError
 from monarch_nb.notebook.comm_relay import CommRelay
+from monarch_nb.rank import autoreload as rank_autoreload
 from monarch_nb.rank import remote
 from monarch_nb.rank.engine import PLUGIN_NAME, EnginePlugin
 from monarch_nb.telemetry import dashboard, metrics
@@ -60,6 +63,7 @@ class Controller:
         self.cluster = cluster
         self.owns_cluster = owns_cluster
         self.id = uuid.uuid4().hex
+        self.started = time.time()
         self.closed = False
         self.ranks: list[RankInfo] = []
         self._router = Router()
@@ -73,6 +77,8 @@ class Controller:
         self.unanswering: set[int] = set()
         self.last_failure = None  # the last failed cell's tracebacks, kept on its ranks
         self.debugging: int | None = None  # the rank a debugger is open on (prompting.py)
+        self.reloading = False  # %monarch autoreload: every cell asks its ranks to reload
+        self.synced: dict[str, str] = {}  # name -> path %monarch sync sent, for new workers
         self._cells = itertools.count(1)
         self._notices: list[str] = []
         self._said: set[str] = set()  # notices given once per controller
@@ -190,6 +196,8 @@ class Controller:
         if block and not quiet:
             dispatch.say_waiting(self, ranks, "this cell")
         msg = {"op": "execute", "code": cell.python, "n": next(self._cells)}
+        if self.reloading:
+            msg["autoreload"] = True
         if cell.python is not cell.source:
             msg["source"] = cell.source
         req = dispatch.submit(self, "execute", ranks, msg)
@@ -247,6 +255,21 @@ class Controller:
         list). Values that do not join (shapes, types) raise a one-line ValueError."""
         return data.gather(self, name, targets)
 
+    def sync(self, *paths, targets=None) -> code_sync.SyncReport:
+        """Send files or folders (packages) to every targeted rank, into a directory of this
+        controller's first on the rank's ``sys.path`` (local to the rank's host, removed when
+        the cluster goes down). Each path lands under its own name; a later sync of it sends
+        only the files whose contents changed and deletes on the ranks what was deleted
+        here. More than 200 MB in all (``MONARCH_NB_SYNC_LIMIT_MB``) is refused."""
+        return code_sync.sync(self, list(paths), targets)
+
+    def autoreload(self, on: bool = True) -> None:
+        """``on``: before each cell, every rank reloads the modules changed since its last
+        cell, as IPython's ``%autoreload 2`` does (ranks that restart do too); a module that
+        fails to reload stops the cell with an error naming it and the rank."""
+        self.call(rank_autoreload.enable if on else rank_autoreload.disable)
+        self.reloading = on
+
     def interrupt(self, targets=None) -> list[int]:
         """Raise KeyboardInterrupt in whatever cell the targeted ranks are running."""
         ranks = self.targets(targets)
@@ -280,6 +303,13 @@ class Controller:
     def restart(self) -> None:
         """Fresh worker processes with the same ranks and empty namespaces."""
         lifecycle.restart(self)
+
+    def scale(self, n: int, wait: float | None = None) -> scale.Scaled:
+        """Make the world ``n`` ranks: new ranks join with empty namespaces, the highest leave
+        once what they run has ended, and the process group forms again over the new world.
+        The cluster must have ``scale()`` (``up``'s, a ``--cluster`` factory's); refused while
+        a cell runs. ``wait``: seconds for new workers to join (60 locally, else 600)."""
+        return scale.scale(self, n, wait)
 
     def down(self) -> None:
         """Close the connection; a cluster this controller started is shut down with it."""

@@ -18,7 +18,14 @@ from monarch_nb.controller.names import notebook_name
 from monarch_nb.controller.results import CellError, CellSyntaxError, Interrupted
 from monarch_nb.controller.targets import TargetError
 from monarch_nb.errors import ClusterError
-from monarch_nb.notebook import magic_cluster, magic_data, magic_debug, magic_show, magic_stacks
+from monarch_nb.notebook import (
+    magic_cluster,
+    magic_data,
+    magic_debug,
+    magic_show,
+    magic_stacks,
+    magic_sync,
+)
 from monarch_nb.notebook.magic_args import cell_parser, line_parser
 from monarch_nb.notebook.magic_cluster import NO_CLUSTER, controller, guard
 from monarch_nb.notebook.widgets import CellWatch, LivePanel
@@ -31,6 +38,7 @@ _COMMANDS = {
     "status": magic_cluster.status,
     "down": magic_cluster.down,
     "restart": magic_cluster.restart,
+    "scale": magic_cluster.scale,
     "reset": magic_cluster.reset,
     "interrupt": magic_cluster.interrupt,
     "stacks": magic_stacks.stacks,
@@ -40,6 +48,8 @@ _COMMANDS = {
     "plot": magic_show.plot,
     "pull": magic_data.pull,
     "gather": magic_data.gather,
+    "sync": magic_sync.sync,
+    "autoreload": magic_sync.autoreload,
 }
 
 
@@ -69,9 +79,9 @@ class MonarchMagics(Magics):
             In [5]: %monarch status
             In [6]: %monarch down
 
-        Commands: up, connect, run, status, down, restart, auto, metrics, dashboard, plot,
-        reset, interrupt, stacks, debug, push, pull, scatter, gather (``%monarch -h`` says what
-        each does, ``%monarch COMMAND -h`` shows its options).
+        Commands: up, connect, run, status, down, restart, scale, auto, metrics, dashboard, plot,
+        reset, interrupt, stacks, debug, push, pull, scatter, gather, sync, autoreload
+        (``%monarch -h`` says what each does, ``%monarch COMMAND -h`` shows its options).
 
         Cell magic (``%%monarch [--targets SPEC] [--noblock] [--out NAME] [--no-stream]
         [--no-collapse] [--timeout S] [--local]``; ``%%monarch -h`` explains them)::

@@ -79,6 +79,15 @@ def line_parser() -> Parser:
     p.add_argument("--tls-cert", metavar="PEM", help="this client's certificate")
     p.add_argument("--tls-key", metavar="PEM", help="this client's private key")
     _dist(p)
+    p = sub.add_parser("scale", help="grow or shrink to N ranks; the process group forms again")
+    p.add_argument("n", type=int, metavar="N", help="the number of ranks (at least 1)")
+    p.add_argument(
+        "--wait",
+        type=seconds,
+        default=None,
+        metavar="S",
+        help="seconds for new workers to join (default: 60 locally, else 600)",
+    )
     p = sub.add_parser("run", help="run a torchrun-style script on every rank")
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
@@ -107,6 +116,11 @@ def line_parser() -> Parser:
     p.add_argument(
         "--rank", type=int, default=None, metavar="R", help="default: the lowest that failed"
     )
+    p = sub.add_parser("sync", help="send files or package folders to the ranks' sys.path")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="a file or a folder (a package)")
+    _targets(p)
+    p = sub.add_parser("autoreload", help="reload changed modules on the ranks before each cell")
+    p.add_argument("state", choices=("on", "off"))
     p = sub.add_parser("push", help="copy names (a) or expressions (b=expr) to the ranks")
     p.add_argument("items", nargs="+", metavar="NAME[=EXPR]")
     _targets(p)

@@ -1,5 +1,5 @@
 """The ``%monarch`` commands that manage the cluster: up, connect, run, status, down, restart,
-reset and interrupt; and ``controller()`` and ``guard()``, which every command goes through.
+scale, reset and interrupt; and ``controller()`` and ``guard()``, which every command goes through.
 Each command is ``fn(magics, args)`` with the arguments ``magic_args.line_parser`` read."""
 
 from __future__ import annotations
@@ -152,6 +152,14 @@ def restart(magics, args):
         f"monarch-nb: restarted {format_ranks(range(ctl.world_size))}: fresh worker "
         "processes, same ranks, empty namespaces"
     )
+
+
+def scale(magics, args):
+    ctl = controller()
+    done = guard(lambda: ctl.scale(args.n, wait=args.wait))
+    print(f"monarch-nb: {done}")
+    if done.dist_error:
+        print(f"torch.distributed: {done.dist_error}", file=sys.stderr)
 
 
 def reset(magics, args):

@@ -29,10 +29,12 @@ from distributed import WorkerPlugin
 from distributed.comm import CommClosedError
 from distributed.core import Status
 
+from monarch_nb.rank import autoreload as rank_autoreload
 from monarch_nb.rank import comms as rank_comms
 from monarch_nb.rank import debugger, session
 from monarch_nb.rank import shell as rank_shell
 from monarch_nb.rank import stacks as rank_stacks
+from monarch_nb.rank import sync as rank_sync
 from monarch_nb.rank.capture import Console, install_routers
 from monarch_nb.rank.cells import compile_cell, format_error, pack, plain_error
 from monarch_nb.rank.display import display, install_display
@@ -82,6 +84,7 @@ class Engine:
         self._cancelled: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._aloop: asyncio.AbstractEventLoop | None = None
         self.failure = None  # (request id, exception, traceback) of the last failed cell
+        self.reloader: rank_autoreload.Reloader | None = None  # %monarch autoreload on
         self.console = Console()  # where its cells' output, and their threads', goes
         install_routers(fds=_captures_fds(worker))
         install_display()
@@ -104,6 +107,7 @@ class Engine:
             pass
         finally:
             self.wire.close_channel(channel)
+            rank_sync.forget(self, controller)  # its synced code goes with it
         return Status.dont_reply
 
     def _control(self, channel: Channel, msg: dict[str, Any]) -> None:
@@ -240,9 +244,18 @@ class Engine:
             self._eval(body)
             return self._eval(expr) if expr is not None else None
 
+        reloading = msg.get("autoreload", False)
         with self.console.running(channel.outbox, msg["id"]), self.as_main():
-            ok, value = self._run_user(run)
+            if reloading and self.reloader is None:  # a rank that restarted: on again
+                self.reloader = rank_autoreload.Reloader()
+            failed = self.reloader.before_cell() if reloading else None
+            if failed is None:
+                ok, value = self._run_user(run)
         channel.outbox.end_cell(msg["id"])
+        if failed is not None:
+            return {"status": "error", "error": failed}
+        if reloading:
+            self.reloader.after_cell()
         if not ok:
             debugger.keep_failure(self, msg["id"], value)
             return {"status": "error", "error": format_error(value)}

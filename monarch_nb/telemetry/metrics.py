@@ -39,6 +39,7 @@ from monarch_nb.telemetry.store import (
     MetricsStore,
     Store,
     _resize_on_scheduler,
+    _retire_on_scheduler,
     _snapshot_on_scheduler,
 )
 
@@ -176,7 +177,7 @@ class MetricsHub:
         with self._lock:
             rows = {
                 rs.rank if rs.rank is not None else rs.worker: [Row(*r) for r in rs.scalars]
-                for rs in self.store.sorted()
+                for rs in self.store.sorted(retired=True)
                 if rs.scalars and (ranks is None or rs.rank in ranks)
             }
         return History(rows)
@@ -214,6 +215,14 @@ class MetricsHub:
     def scheduler_snapshot(self, since: float | None = None) -> dict[str, Any]:
         """The scheduler's store (what the dashboard serves)."""
         return self.client.run_on_scheduler(_snapshot_on_scheduler, since)
+
+    def retire(self, ranks: list[int]) -> None:
+        """Ranks that left the cluster: gone from the panel, the sidebar and ``latest()``,
+        kept in ``history()`` (``Store.retire``), here and on the scheduler."""
+        with self._lock:
+            self.store.retire(ranks)
+        if self.scheduler_store:
+            self.client.run_on_scheduler(_retire_on_scheduler, ranks)
 
     def set_limits(self, scalar_rows: int | None = None, sample_rows: int | None = None) -> None:
         """Rows and samples kept per rank, here and on the scheduler."""

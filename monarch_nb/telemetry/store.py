@@ -41,9 +41,12 @@ class RankStore:
         self.sample: dict | None = None
         self.messages = self.rows = self.dropped = 0
         self.seen = time.monotonic()
+        self.rec: str | None = None  # the recorder (one per worker process) that sent the last
+        self.retired = False  # its rank left the cluster (scale.py): logged rows stay, unshown
 
     def add(self, msg: Mapping[str, Any]) -> None:
         self.worker, self.host = msg.get("worker"), msg.get("host")
+        self.rec, self.retired = msg.get("rec"), False
         self.seen = time.monotonic()
         for step, t, values in msg.get("scalars", ()):
             self.scalars.append((step, t, values))
@@ -77,8 +80,24 @@ class Store:
     def __init__(self, scalar_rows: int = SCALAR_ROWS, sample_rows: int = SAMPLE_ROWS):
         self.scalar_rows, self.sample_rows = scalar_rows, sample_rows
         self.ranks: dict[Any, RankStore] = {}
+        # recorders of workers that left (a batch may still be on its way): theirs are dropped
+        self._left: deque = deque(maxlen=MAX_RANKS)
+
+    def retire(self, ranks) -> None:
+        """Ranks that left the cluster (``%monarch scale``): no longer shown, their samples
+        dropped and late batches from their workers ignored; what they logged stays in
+        ``history()``, and a worker that joins as the same rank carries on from it."""
+        for rank in ranks:
+            rs = self.ranks.get(rank)
+            if rs is not None:
+                rs.retired, rs.sample = True, None
+                rs.samples.clear()
+                if rs.rec is not None:
+                    self._left.append(rs.rec)
 
     def add(self, msg: Mapping[str, Any]) -> None:
+        if msg.get("rec") is not None and msg.get("rec") in self._left:
+            return
         key = msg.get("rank")
         if key is None:
             key = f"worker {msg.get('worker')}"
@@ -98,8 +117,10 @@ class Store:
             rs.scalars = deque(rs.scalars, maxlen=self.scalar_rows)
             rs.samples = deque(rs.samples, maxlen=self.sample_rows)
 
-    def sorted(self) -> list[RankStore]:
-        return sorted(self.ranks.values(), key=lambda rs: (rs.rank is None, rs.rank or 0))
+    def sorted(self, retired: bool = False) -> list[RankStore]:
+        """The ranks in order; ``retired``: those that left the cluster too."""
+        kept = [rs for rs in self.ranks.values() if retired or not rs.retired]
+        return sorted(kept, key=lambda rs: (rs.rank is None, rs.rank or 0))
 
     def snapshot(
         self, since: float | None = None, points: int | None = None, samples: int | None = None
@@ -183,6 +204,12 @@ def metrics_snapshot(
 
 def _snapshot_on_scheduler(since=None, dask_scheduler=None):
     return metrics_snapshot(dask_scheduler, since)
+
+
+def _retire_on_scheduler(ranks, dask_scheduler=None):
+    plugin = dask_scheduler.plugins.get(SCHEDULER_PLUGIN)
+    if plugin is not None:
+        plugin.store.retire(ranks)
 
 
 def _resize_on_scheduler(scalar_rows, sample_rows, dask_scheduler=None):

@@ -62,6 +62,7 @@ class Hosts:
         self.namespaces: list[str] = []
         self.root_link = f"mnb{self.tag}r"
         self.procs: list[subprocess.Popen] = []
+        self.hidden: Path | None = None  # see the hosts fixture
 
     def ns(self, role: str) -> str:
         return f"mnb-{self.tag}-{role}"
@@ -155,7 +156,9 @@ def _why_not() -> str | None:
 
 
 @pytest.fixture
-def hosts(tmp_path):
+def hosts(tmp_path, request):
+    """``indirect`` parameter ``{"hidden": True}``: ``hosts.hidden``, a folder of the controller's
+    that the worker hosts see as an empty tmpfs of their own (no shared file system)."""
     reason = _why_not()
     if reason:
         pytest.skip(reason)
@@ -190,11 +193,19 @@ def hosts(tmp_path):
             f"{h.address('sched')}:8787",
             env=dask_env,
         )
+        hide: list[str] = []
+        if getattr(request, "param", {}).get("hidden"):
+            h.hidden = tmp_path / "controller-only"
+            h.hidden.mkdir()
+            mount = 'mount -t tmpfs mnb-hidden "$0" && exec "$@"'
+            hide = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount]
+            hide.append(str(h.hidden))
         for rank, role in enumerate(("w0", "w1")):
             # As under systemd or a SLURM job step that restarts it: a worker whose scheduler
             # link broke for longer than the timeouts exits, nanny and all, and comes back here.
             h.start(
                 role,
+                *hide,
                 "sh",
                 "-c",
                 'while :; do "$@"; sleep 0.5; done',
@@ -330,3 +341,32 @@ def test_cluster_across_namespaces_survives_a_cut_link(hosts, cell):
     cell("%monarch down")
     assert "disconnected; the cluster keeps running" in cell.out
     assert time.monotonic() - start < 90
+
+
+@pytest.mark.parametrize("hosts", [{"hidden": True}], indirect=True)
+def test_edit_run_loop_without_a_shared_file_system(hosts, cell):
+    """``%monarch sync`` and ``%monarch autoreload`` across hosts that cannot see the package:
+    the code reaches them over the wire, and an edit reaches the next cell."""
+    pkg = hosts.hidden / "trainer"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "model.py").write_text("def width():\n    return 64\n")
+    address = f"tcp://{hosts.address('sched')}:{SCHEDULER_PORT}"
+    try:
+        cell(f"%monarch connect {address} --workers 2 --timeout 30 --wait 60 --no-dist")
+    except AssertionError:
+        pytest.fail(f"connect failed:\n{cell.out}\n{cell.err}\n{hosts.log('w0')}")
+    seen = cell(f"%%monarch\nimport os\n(host, os.path.exists({str(pkg / 'model.py')!r}))")
+    assert seen.values() == [("mnb-w0", False), ("mnb-w1", False)]
+
+    cell(f"%monarch sync {pkg}")
+    assert cell.out.strip() == "monarch-nb: sync: sent 2 files (27 B) to ranks 0-1"
+    cell("%monarch autoreload on")
+    first = cell("%%monarch\nimport trainer.model\n(os.getpid(), trainer.model.width())")
+    assert [w for _, w in first.values()] == [64, 64]
+    (pkg / "model.py").write_text("def width():\n    return 128\n")
+    cell(f"%monarch sync {pkg}")
+    assert cell.out.strip() == "monarch-nb: sync: sent 1 file (28 B) to ranks 0-1"
+    again = cell("%%monarch\n(os.getpid(), trainer.model.width())")
+    assert again.values() == [(pid, 128) for pid, _ in first.values()]
+    cell("%monarch down")

@@ -1,0 +1,337 @@
+"""Growing and shrinking the world: ``Controller.scale(n)`` and ``%monarch scale N``.
+
+New workers come from the cluster: the one ``%monarch up`` started gets a nanny per new rank,
+planned and pinned as ``up`` plans them (cluster.py); any other cluster object grows through its
+own ``scale()`` (a factory's LocalCluster, dask-jobqueue's SLURMCluster). They become the next
+ranks, attached as a replaced worker is (attach.py), with fresh namespaces. Ranks leave from the
+top, once what they run has ended (calls queued on them, their actors' calls): nothing on them
+is cut off mid-way. Either way the ranks that stay keep their namespaces and learn the new
+``world_size``, the torch.distributed group forms again over the new world (dist.py), the
+sidebar's entry says the new size, and the telemetry of the ranks that left stops showing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from monarch_nb import registry
+from monarch_nb.actors import mesh as actor_meshes
+from monarch_nb.actors import worker as actor_worker
+from monarch_nb.controller import attach
+from monarch_nb.controller import cluster as clusters
+from monarch_nb.controller import sync as code_sync
+from monarch_nb.controller.results import CellError, Interrupted
+from monarch_nb.controller.targets import format_ranks
+from monarch_nb.errors import ClusterError
+
+if TYPE_CHECKING:
+    from monarch_nb.controller.controller import Controller
+
+LOCAL_WAIT = 60  # seconds for the nannies of a local cluster to start their workers
+JOBS_WAIT = 600  # any other cluster: jobs may sit in a batch queue (as connect's --wait)
+LEAVE_WAIT = 30  # seconds for retired workers to leave the scheduler
+
+
+@dataclass(frozen=True)
+class Scaled:
+    """What ``scale`` did: the ranks that joined or left, and the process group after."""
+
+    world_size: int
+    joined: tuple[int, ...] = ()
+    left: tuple[int, ...] = ()
+    backend: str | None = None  # the process group formed again over the new world
+    dist_error: str | None = None  # why it did not
+
+    def __str__(self) -> str:
+        n = self.world_size
+        ranks = "1 rank" if n == 1 else f"{n} ranks"
+        if not self.joined and not self.left:
+            return f"already {ranks}; nothing changed"
+        parts = [f"scaled to {ranks}"]
+        if self.joined:
+            where = f"{self.joined[0]}:{self.joined[-1] + 1}"
+            parts.append(
+                f"{format_ranks(self.joined)} joined with empty namespaces "
+                f"(%monarch push NAME --targets {where} fills them)"
+            )
+        if self.left:
+            parts.append(f"{format_ranks(self.left)} left (their namespaces went with them)")
+        if self.backend:
+            parts.append(f"the {self.backend} process group was formed again over {ranks}")
+        return "; ".join(parts)
+
+
+def scale(ctl: Controller, n: int, wait: float | None = None) -> Scaled:
+    """Make the world ``n`` ranks. ``wait``: seconds for new workers to join (60 for the local
+    cluster of ``up``, else 600: batch jobs queue)."""
+    ctl._check_open()
+    _check(ctl, n)
+    before = ctl.world_size
+    if n == before:
+        return Scaled(n, backend=ctl.dist_backend)
+    joined: list[int] = []
+    left: list[int] = []
+    if n > before:
+        joined = _grow(ctl, n, wait)
+    else:
+        left = _shrink(ctl, n)
+    # A rank waiting for its replacement gets the new size in its setup (attach.py)
+    alive = [info.rank for info in ctl.ranks if info.alive]
+    if alive:
+        ctl.call(_resize, n, targets=alive)
+    ctl._form_group()
+    if joined:
+        code_sync.resend(ctl, joined)  # what %monarch sync sent the ranks before them
+    registry.register(ctl)  # the sidebar's count of ranks
+    return Scaled(n, tuple(joined), tuple(left), ctl.dist_backend, ctl.dist_error)
+
+
+def _check(ctl: Controller, n: int) -> None:
+    """The user's mistakes, each in one line, before anything changes."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"scale takes a whole number of ranks, got {n!r}")
+    if n < 1:
+        raise ValueError(f"scale needs at least 1 rank, got {n}; %monarch down stops the cluster")
+    cluster = ctl.cluster
+    if cluster is None:
+        raise ClusterError(
+            f"this notebook joined the scheduler at {ctl.scheduler_address}, which cannot add "
+            "or remove workers; scale the workers where they were started, or connect with "
+            "--cluster module:factory to a cluster object that has scale()"
+        )
+    if not callable(getattr(cluster, "scale", None)):
+        raise ClusterError(
+            f"the cluster ({type(cluster).__name__}) has no scale(), so it cannot add or remove "
+            "workers; have the factory return a distributed cluster object (SLURMCluster, "
+            "LocalCluster...)"
+        )
+    if n > ctl.world_size and not _ours(cluster) and not getattr(cluster, "_supports_scaling", 1):
+        raise ClusterError(
+            f"the cluster ({type(cluster).__name__}) has no worker template to add workers "
+            "from; give it one (SpecCluster's worker=) or scale it where it was made"
+        )
+    busy = sorted(ctl._router.busy())
+    if busy:
+        raise ClusterError(
+            f"a %%monarch cell is running on {format_ranks(busy)}; scale once it has ended "
+            "(handle.wait() waits for a --noblock one, %monarch interrupt stops it)"
+        )
+
+
+# -- growing ------------------------------------------------------------------------------------
+def _grow(ctl: Controller, n: int, wait: float | None) -> list[int]:
+    cluster, before = ctl.cluster, ctl.world_size
+    try:
+        if _ours(cluster):
+            _plan_local_workers(cluster, n)
+            wait = LOCAL_WAIT if wait is None else wait
+        # Started in the background: a wait that runs out or a Ctrl-C scales back cleanly,
+        # where one cut short while the nannies start would leave their processes behind.
+        cluster.scale(n)
+        joined = _wait_for_new(ctl, n, JOBS_WAIT if wait is None else wait)
+        # The ranks there keep their RankInfo (their links hold it); the new ones follow them.
+        there = {
+            i.address: {"name": i.name, "host": i.host, "local_directory": i.incarnation}
+            for i in ctl.ranks
+        }
+        new = attach.rank_table({**there, **joined}, previous=ctl.ranks)[before:n]
+    except NotImplementedError:
+        raise ClusterError(
+            f"the cluster ({type(cluster).__name__}) cannot add or remove workers "
+            "(its scale() is not implemented)"
+        ) from None
+    except KeyboardInterrupt:
+        _scale_back(cluster, before)
+        raise Interrupted(
+            f"interrupted while new workers joined; the cluster was scaled back to {before}"
+        ) from None
+    except BaseException:
+        _scale_back(cluster, before)
+        raise
+    ctl.ranks = ctl.ranks + new
+    try:
+        attach.open_links(ctl, new)
+    except BaseException:
+        _detach(ctl, [info.rank for info in new], before)
+        _scale_back(cluster, before)
+        raise
+    return [info.rank for info in new]
+
+
+def _ours(cluster) -> bool:
+    """The local cluster that ``up`` started: its specs are our nannies."""
+    specs = getattr(cluster, "worker_spec", None) or {}
+    return bool(specs) and all(s.get("cls") is clusters._nanny_class() for s in specs.values())
+
+
+def _plan_local_workers(cluster, n: int) -> None:
+    """The spec of a nanny per new rank, each planned as ``up`` planned the first (CPU or
+    pinned to its GPU, as many threads); more ranks than visible GPUs is refused as ``up``
+    refuses it. ``scale(n)`` then starts them (our specs have no template to grow from)."""
+    specs = cluster.worker_spec
+    first = next(iter(specs.values()))
+    options = first["options"]
+    inventory = clusters.detect_gpus()
+    on_gpus = bool(inventory.variable and options["env"].get(inventory.variable))
+    visible = len(inventory.ids)
+    if on_gpus and n > visible:
+        are = "is" if visible == 1 else "are"
+        raise ValueError(
+            f"{n} ranks need {n} GPUs, one each, but {visible} {are} visible; scale to "
+            f"{visible} at most (or start CPU ranks with %monarch up --cpu)"
+        )
+    plans = clusters.plan_workers(
+        inventory, workers=n, cpu=not on_gpus, threads=options.get("nthreads", 1)
+    )
+    for plan in plans:
+        if plan.name not in specs:
+            specs[plan.name] = {
+                "cls": first["cls"],
+                "options": {**options, "name": plan.name, "env": plan.env},
+            }
+
+
+def _wait_for_new(ctl: Controller, n: int, wait: float) -> dict[str, dict]:
+    """The new workers (address -> info), once there are ``n`` minus the ranks there. A worker
+    under a rank's name is that rank's replacement (attach.py), not a new rank."""
+    known = {info.address for info in ctl.ranks}
+    names = {info.name for info in ctl.ranks}
+    need = n - len(known)
+    start, told = time.monotonic(), False
+    while True:
+        workers = ctl.client.scheduler_info(n_workers=-1)["workers"]
+        new = {
+            addr: w
+            for addr, w in workers.items()
+            if addr not in known and w.get("name", addr) not in names
+        }
+        if len(new) >= need:
+            return new
+        waited = time.monotonic() - start
+        if waited > wait:
+            there = {w.get("name") for w in workers.values()}
+            jobs = clusters.jobs_not_joined(ctl.cluster, there)
+            raise ClusterError(
+                f"only {len(new)} of {need} new workers joined within {wait:g} s"
+                + (f" ({jobs})" if jobs else "")
+                + f"; the cluster was scaled back to {len(known)} (wait=S waits longer)"
+            )
+        if not told and waited > 2:
+            print(
+                f"monarch-nb: {len(new)} of {need} new workers have joined; waiting up to "
+                f"{wait:g} s for the rest (interrupt to stop: the cluster is scaled back)",
+                file=sys.stderr,
+            )
+            told = True
+        time.sleep(0.05)
+
+
+def _scale_back(cluster, n: int) -> None:
+    """Undo a grow that did not finish: the workers added last go (SpecCluster's scale)."""
+    try:
+        cluster.scale(n)
+    except Exception as e:
+        print(f"monarch-nb: could not scale the cluster back to {n}: {e}", file=sys.stderr)
+
+
+# -- shrinking ----------------------------------------------------------------------------------
+def _shrink(ctl: Controller, n: int) -> list[int]:
+    leaving = ctl.ranks[n:]
+    ranks = [info.rank for info in leaving]
+    # Behind whatever the leaving ranks still run or have queued, on their own threads (a rank
+    # whose worker is gone has nothing left to run); Ctrl-C here stops waiting, with nothing
+    # changed.
+    try:
+        _wait_for_replies(ctl, leaving)
+        alive = [info.rank for info in leaving if info.alive]
+        if alive:
+            ctl.call(_finish_work, targets=alive)
+    except (CellError, KeyboardInterrupt) as e:
+        why = getattr(e, "headline", "interrupted")
+        if why.startswith("interrupted"):
+            raise Interrupted(
+                f"stopped waiting for the work of {format_ranks(ranks)} to end; nothing was scaled"
+            ) from None
+        raise ClusterError(f"{format_ranks(ranks)} could not get ready to leave: {e}") from None
+    _detach(ctl, ranks, n)
+    _retire(ctl, leaving)
+    ctl.metrics.retire(ranks)
+    return ranks
+
+
+def _wait_for_replies(ctl: Controller, leaving) -> None:
+    """The actor calls this notebook made to the leaving ranks get their replies first: one
+    sent a moment ago may not have reached its rank yet, where ``_finish_work`` looks."""
+    addresses = {info.address for info in leaving}
+    start, told = time.monotonic(), False
+    while owed := actor_meshes.calls_owed(ctl, addresses):
+        if not told and time.monotonic() - start > 1:
+            calls = "1 actor call" if owed == 1 else f"{owed} actor calls"
+            print(
+                f"monarch-nb: waiting for {calls} on "
+                f"{format_ranks(info.rank for info in leaving)} to end (interrupt to stop "
+                "waiting: nothing is scaled then)",
+                file=sys.stderr,
+            )
+            told = True
+        time.sleep(0.05)
+
+
+def _detach(ctl: Controller, ranks: list[int], n: int) -> None:
+    """Close the links of ``ranks`` as the controller's own doing (no replacement is waited
+    for) and keep the first ``n`` ranks."""
+    links = [ctl._links.pop(rank) for rank in ranks if rank in ctl._links]
+
+    async def close_all():
+        await asyncio.gather(*(link.close() for link in links), return_exceptions=True)
+
+    ctl._on_loop(close_all(), timeout=10)
+    ctl.ranks = ctl.ranks[:n]
+    for rank in ranks:
+        ctl._known.pop(rank, None)
+        ctl.unanswering.discard(rank)
+
+
+def _retire(ctl: Controller, leaving) -> None:
+    """Stop exactly the workers of ``leaving``: a SpecCluster drops their specs (it would
+    otherwise drop the ones it added last); any other cluster retires them through the
+    scheduler and is told its new size."""
+    from distributed import SpecCluster
+
+    cluster = ctl.cluster
+    addresses = {info.address for info in leaving}
+    if isinstance(cluster, SpecCluster):
+        cluster.sync(cluster.scale_down, [info.name for info in leaving])
+    else:
+        ctl.client.retire_workers(workers=sorted(addresses), close_workers=True)
+        cluster.scale(ctl.world_size)
+    deadline = time.monotonic() + LEAVE_WAIT
+    while addresses & set(ctl.client.scheduler_info(n_workers=-1)["workers"]):
+        if time.monotonic() > deadline:
+            raise ClusterError(
+                f"the workers of {format_ranks(info.rank for info in leaving)} did not leave "
+                f"within {LEAVE_WAIT} s; they are no longer ranks"
+            )
+        time.sleep(0.05)
+
+
+# -- on the ranks -------------------------------------------------------------------------------
+def _finish_work(engine) -> None:
+    """On a leaving rank's thread, after what was queued before: wait for its actors' calls."""
+    actor_worker.wait_idle(
+        told=lambda name: print(
+            f"waiting for the running calls of actor {name!r} to end before leaving "
+            "(interrupt to stop waiting: nothing is scaled then)",
+            flush=True,
+        )
+    )
+
+
+def _resize(engine, world_size: int) -> None:
+    """On every rank: the new ``world_size``, for its cells and for the group's forming."""
+    engine.identity["world_size"] = world_size
+    engine.namespace["world_size"] = world_size
