@@ -59,6 +59,8 @@ bench: setup
 	$(PY) benchmarks/bench_training.py
 	$(PY) benchmarks/bench_telemetry.py
 	$(PY) benchmarks/bench_stacks.py
+	$(PY) benchmarks/bench_scale.py
+	$(PY) benchmarks/bench_sync.py
 	$(PY) -m monarch_kernels.bench
 
 clean:
