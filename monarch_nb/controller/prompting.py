@@ -265,10 +265,16 @@ class Failure:
             )
         if ctl.closed:
             raise ClusterError("the cluster is down, and the tracebacks its ranks kept with it")
-        if _worker(ctl, rank) != self.workers[rank]:
+        if rank >= ctl.world_size:
             raise ClusterError(
-                f"rank {rank} was restarted since that cell failed, and its traceback went "
-                "with the old worker"
+                f"rank {rank} left with %monarch scale since that cell failed, and its "
+                f"traceback went with it (the world is {ctl.world_size} now)"
+            )
+        if _worker(ctl, rank) != self.workers[rank]:
+            # a new worker in the rank's place: a restart, or a scale down and up again
+            raise ClusterError(
+                f"rank {rank} was restarted since that cell failed (or left with %monarch "
+                "scale and a new worker joined as it), and its traceback went with the old worker"
             )
         state = _open(ctl, rank, _post_mortem, self.request_id, self.call)
         if state == "none":

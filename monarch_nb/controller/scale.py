@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from monarch_nb import registry
 from monarch_nb.actors import mesh as actor_meshes
 from monarch_nb.actors import worker as actor_worker
-from monarch_nb.controller import attach
+from monarch_nb.controller import attach, joining
 from monarch_nb.controller import cluster as clusters
 from monarch_nb.controller import sync as code_sync
 from monarch_nb.controller.results import CellError, Interrupted
@@ -54,12 +54,16 @@ class Scaled:
         parts = [f"scaled to {ranks}"]
         if self.joined:
             where = f"{self.joined[0]}:{self.joined[-1] + 1}"
+            one = len(self.joined) == 1
             parts.append(
-                f"{format_ranks(self.joined)} joined with empty namespaces "
-                f"(%monarch push NAME --targets {where} fills them)"
+                f"{format_ranks(self.joined)} joined with "
+                + ("an empty namespace" if one else "empty namespaces")
+                + f" (%monarch push NAME --targets {where} fills {'it' if one else 'them'})"
             )
         if self.left:
-            parts.append(f"{format_ranks(self.left)} left (their namespaces went with them)")
+            one = len(self.left) == 1
+            went = "its namespace went with it" if one else "their namespaces went with them"
+            parts.append(f"{format_ranks(self.left)} left ({went})")
         if self.backend:
             parts.append(f"the {self.backend} process group was formed again over {ranks}")
         return "; ".join(parts)
@@ -196,38 +200,18 @@ def _plan_local_workers(cluster, n: int) -> None:
 
 
 def _wait_for_new(ctl: Controller, n: int, wait: float) -> dict[str, dict]:
-    """The new workers (address -> info), once there are ``n`` minus the ranks there. A worker
-    under a rank's name is that rank's replacement (attach.py), not a new rank."""
-    known = {info.address for info in ctl.ranks}
-    names = {info.name for info in ctl.ranks}
-    need = n - len(known)
-    start, told = time.monotonic(), False
-    while True:
-        workers = ctl.client.scheduler_info(n_workers=-1)["workers"]
-        new = {
-            addr: w
-            for addr, w in workers.items()
-            if addr not in known and w.get("name", addr) not in names
-        }
-        if len(new) >= need:
-            return new
-        waited = time.monotonic() - start
-        if waited > wait:
-            there = {w.get("name") for w in workers.values()}
-            jobs = clusters.jobs_not_joined(ctl.cluster, there)
-            raise ClusterError(
-                f"only {len(new)} of {need} new workers joined within {wait:g} s"
-                + (f" ({jobs})" if jobs else "")
-                + f"; the cluster was scaled back to {len(known)} (wait=S waits longer)"
-            )
-        if not told and waited > 2:
-            print(
-                f"monarch-nb: {len(new)} of {need} new workers have joined; waiting up to "
-                f"{wait:g} s for the rest (interrupt to stop: the cluster is scaled back)",
-                file=sys.stderr,
-            )
-            told = True
-        time.sleep(0.05)
+    """The new workers (address -> info), once there are ``n`` minus the ranks there."""
+    there = len(ctl.ranks)
+    return joining.wait_for_workers(
+        ctl.client,
+        n - there,
+        wait,
+        ctl.cluster,
+        there=ctl.ranks,
+        new="new ",
+        longer=f"; the cluster was scaled back to {there} (wait=S waits longer)",
+        stop="interrupt to stop: the cluster is scaled back",
+    )
 
 
 def _scale_back(cluster, n: int) -> None:

@@ -13,11 +13,10 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-import time
 from typing import Any
 
 from monarch_nb.controller import cluster as clusters
-from monarch_nb.controller import script_guard
+from monarch_nb.controller import joining, script_guard
 from monarch_nb.controller.controller import Controller
 from monarch_nb.controller.results import Interrupted
 from monarch_nb.errors import ClusterError, set_current
@@ -210,7 +209,7 @@ def connect(
             if expected is None and cluster is not None and getattr(cluster, "worker_spec", None):
                 expected = len(cluster.worker_spec)
             try:
-                _wait_for_workers(client, expected or 1, wait, cluster)
+                joining.wait_for_workers(client, expected or 1, wait, cluster)
                 ctl = Controller(
                     client,
                     cluster=cluster,
@@ -264,32 +263,3 @@ def _client(address, scheduler_file, cluster, timeout, security):
             raise
         where = scheduler_file or getattr(cluster, "scheduler_address", cluster)
         raise ClusterError(f"the scheduler of {where} {_NEEDS_TLS}") from None
-
-
-def _wait_for_workers(client, n: int, wait: float, cluster=None) -> None:
-    """Wait up to ``wait`` seconds for ``n`` workers, saying so once the wait is noticeable;
-    when the wait runs out, the batch jobs of ``cluster`` that have not joined are named with
-    their state (a job that never starts: a partition that is down, a request no node fits)."""
-    start = time.monotonic()
-    told = False
-    while True:
-        workers = client.scheduler_info(n_workers=-1)["workers"]
-        joined = len(workers)
-        if joined >= n:
-            return
-        waited = time.monotonic() - start
-        if waited > wait:
-            jobs = clusters.jobs_not_joined(cluster, {w.get("name") for w in workers.values()})
-            raise ClusterError(
-                f"only {joined} of {n} workers joined within {wait:g} s"
-                + (f" ({jobs})" if jobs else "")
-                + "; --wait S (wait=S) waits longer"
-            )
-        if not told and waited > 2:
-            print(
-                f"monarch-nb: {joined} of {n} workers have joined; waiting up to {wait:g} s "
-                "for the rest (interrupt to stop)",
-                file=sys.stderr,
-            )
-            told = True
-        time.sleep(0.1)

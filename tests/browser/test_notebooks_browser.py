@@ -39,7 +39,8 @@ SETTINGS = {"@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"}}
 def lab(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lab")
     lab = Lab(tmp, settings=SETTINGS, expose_app=True)
-    for path in NOTEBOOKS:
+    # the modules beside them too (notebook 05 imports slurm_site)
+    for path in [*NOTEBOOKS, *(REPO / "notebooks").glob("*.py")]:
         shutil.copy(path, lab.root / path.name)
     # notebooks/ name ../benchmarks/ (notebook 03's `%monarch run`)
     (tmp / "benchmarks").symlink_to(REPO / "benchmarks")

@@ -176,6 +176,32 @@ def test_a_rank_whose_worker_is_gone_for_good_can_leave(no_current):
         ctl.down()
 
 
+def test_debug_of_a_rank_that_left_says_so(no_current, cell):
+    cell("%monarch up --workers 2 --cpu")
+    cell("%%monarch\nif rank == 1:\n    1 / 0", expect_error=True)
+    cell("%monarch scale 1")
+    assert cell.out == (
+        "monarch-nb: scaled to 1 rank; rank 1 left (its namespace went with it); the gloo "
+        "process group was formed again over 1 rank\n"
+    )
+    cell("%monarch debug --rank 1", expect_error=True)
+    assert str(cell.error) == (
+        "rank 1 left with %monarch scale since that cell failed, and its traceback went with "
+        "it (the world is 1 now)"
+    )
+    cell("%monarch scale 2")
+    assert cell.out == (
+        "monarch-nb: scaled to 2 ranks; rank 1 joined with an empty namespace (%monarch push "
+        "NAME --targets 1:2 fills it); the gloo process group was formed again over 2 ranks\n"
+    )
+    cell("%monarch debug --rank 1", expect_error=True)
+    assert str(cell.error) == (
+        "rank 1 was restarted since that cell failed (or left with %monarch scale and a new "
+        "worker joined as it), and its traceback went with the old worker"
+    )
+    cell("%monarch down")
+
+
 def test_a_cluster_that_cannot_scale_is_refused(no_current, cell):
     with LocalCluster(
         n_workers=1, processes=True, host="127.0.0.1", dashboard_address=":0"

@@ -126,6 +126,73 @@ def test_ranks_are_slurm_jobs(slurm, no_current, cell, jp_fetch, jp_asyncio_loop
     assert time.monotonic() - start < 60
 
 
+def test_a_slurm_cluster_scales_down_and_up(slurm, no_current, cell):
+    """``%monarch scale`` on SLURMCluster: the job of the rank that leaves ends, a new job
+    brings the rank back with an empty namespace, the group forms at each size."""
+    start = time.monotonic()
+    cell("%monarch connect --cluster slurm_site:make_cluster --workers 2 --wait 60")
+    ctl = monarch_nb.current()
+    jobs = {name: job.job_id for name, job in ctl.cluster.workers.items()}
+    cell("%%monarch\nkept = rank")
+
+    cell("%monarch scale 1")
+    assert cell.out.splitlines() == [
+        "monarch-nb: scaled to 1 rank; rank 1 left (its namespace went with it); "
+        "the gloo process group was formed again over 1 rank"
+    ]
+    assert wait_for(lambda: [j.split()[0] for j in slurm.squeue()] == [jobs[0]], timeout=15), (
+        slurm.squeue()
+    )
+    assert list(ctl.cluster.workers) == [0]
+    assert ctl.run(SLURM_ALL_REDUCE).values() == [(1, 1, 1, jobs[0], True)]
+
+    # A new job that never starts (its partition is down): the wait names it with its state,
+    # and the cluster is scaled back (the job cancelled).
+    template = ctl.cluster.new_spec["options"]
+    template["queue"] = DOWN_PARTITION
+    try:
+        cell("%monarch scale 2 --wait 3", expect_error=True)
+    finally:
+        template["queue"] = None
+    assert re.fullmatch(
+        r"only 0 of 1 new workers joined within 3 s \(Slurm job \d+ PENDING \(PartitionDown\)\); "
+        r"the cluster was scaled back to 1 \(wait=S waits longer\)",
+        str(cell.error),
+    ), str(cell.error)
+    assert wait_for(lambda: [j.split()[0] for j in slurm.squeue()] == [jobs[0]], timeout=15), (
+        slurm.squeue()
+    )
+    assert ctl.world_size == 1 and list(ctl.cluster.workers) == [0]
+
+    cell("%monarch scale 2 --wait 60")
+    assert cell.out.splitlines() == [
+        "monarch-nb: scaled to 2 ranks; rank 1 joined with an empty namespace "
+        "(%monarch push NAME --targets 1:2 fills it); the gloo process group was formed "
+        "again over 2 ranks"
+    ]
+    new_job = ctl.cluster.workers[1].job_id
+    assert new_job not in jobs.values()
+    assert sorted(j.split()[:2] for j in slurm.squeue()) == sorted(
+        [[jobs[0], "RUNNING"], [new_job, "RUNNING"]]
+    )
+    assert ctl.run(SLURM_ALL_REDUCE).values() == [
+        (2, 2, 2, jobs[0], True),
+        (2, 2, 2, new_job, False),
+    ]
+    cell("%monarch down")
+    assert wait_until_empty(slurm), slurm.squeue()
+    assert time.monotonic() - start < 60
+
+
+SLURM_ALL_REDUCE = (
+    "import os, torch, torch.distributed as dist\n"
+    "t = torch.ones(1)\n"
+    "dist.all_reduce(t)\n"
+    "(int(t.item()), dist.get_world_size(), world_size, os.environ['SLURM_JOB_ID'], "
+    "'kept' in dir())"
+)
+
+
 STUCK = f"""
 from slurm_site import make_cluster
 
@@ -158,9 +225,10 @@ def test_a_job_that_never_starts_is_named_with_its_slurm_state(
 
 
 def test_notebook_05_runs_its_slurm_part_on_slurm(slurm):
-    """tests/test_notebooks.py runs all of notebook 05 where no Slurm answers (its Slurm part
-    on a local cluster); here its Slurm part runs on Slurm, up to the ``%monarch down`` that
-    ends it (the rest, a scheduler and workers as processes, is the same either way)."""
+    """tests/browser/test_notebooks_browser.py runs all of notebook 05 where no Slurm answers
+    (its Slurm part on a local cluster); here its Slurm part, the ``%monarch scale`` cells
+    included, runs on Slurm, up to the ``%monarch down`` that ends it (the rest, a scheduler
+    and workers as processes, is the same either way)."""
     nb = nbformat.read(NOTEBOOKS / "05-scaling-out.ipynb", as_version=4)
     end = next(i for i, c in enumerate(nb.cells) if c.source.strip() == "%monarch down")
     nb.cells = nb.cells[: end + 1]
@@ -176,6 +244,12 @@ def test_notebook_05_runs_its_slurm_part_on_slurm(slurm):
     assert "connected to 2 ranks" in connect and "local cluster" not in connect, connect
     ranks = shown("SLURM_JOB_ID")
     assert "None" not in ranks and ranks.count(", 3.0)") == 2, ranks
+    assert "scaled to 1 rank; rank 1 left" in shown("%monarch scale 1")
+    assert "None" not in shown("dist.get_world_size(), os.environ")
+    assert "scaled to 2 ranks; rank 1 joined" in shown("%monarch scale 2")
+    regrown = shown("fresh =")
+    assert "(2, 2, False," in regrown and "(2, 2, True," in regrown, regrown
+    assert "None" not in regrown and regrown.count(", 3.0)") == 2, regrown
     assert "cluster shut down" in _text(code[-1])
     assert wait_until_empty(slurm), slurm.squeue()
 
