@@ -30,7 +30,10 @@ import machine
 SYSTEMS = {"monarch": "monarch-nb", "torchmonarch": "torchmonarch"}
 MARK = "BENCH_RESULT "
 BROADCASTS = 1000
-TARGET = 1.5  # the issue: monarch-nb's call round trip at most 1.5x torchmonarch's
+# issue 24: monarch-nb's call round trip at most 0.8x torchmonarch's, its 1,000 broadcasts
+# (until the call after them returns) at most 0.5x
+TARGET = 0.8
+BROADCAST_TARGET = 0.5
 
 
 # -- one measurement, in its own process ---------------------------------------------------------
@@ -186,7 +189,7 @@ def main(args) -> None:
                 ratio = med / statistics.median(peer["times"])
                 call_ratio = f"{ratio:.2f}x"
                 bcast_ratio = f"{r['broadcast_s'] / peer['broadcast_s']:.2f}x"
-                verdicts.append((n, ratio))
+                verdicts.append((n, ratio, r["broadcast_s"] / peer["broadcast_s"]))
             rows.append(
                 [
                     SYSTEMS[system],
@@ -200,7 +203,7 @@ def main(args) -> None:
                 ]
             )
         if len(systems) > 1 and not any(v[0] == n for v in verdicts):
-            verdicts.append((n, None))
+            verdicts.append((n, None, None))
     lines = [
         "monarch-nb actor messaging benchmark",
         f"machine: {machine.cpu()}",
@@ -213,14 +216,13 @@ def main(args) -> None:
         *_table(rows),
         "",
     ]
-    for n, ratio in verdicts:
-        if ratio is None:
-            lines.append(f"target (call <= {TARGET:g}x torchmonarch), {n} actors: not measured")
-        else:
-            met = "met" if ratio <= TARGET else "NOT met"
-            lines.append(
-                f"target (call <= {TARGET:g}x torchmonarch), {n} actors: {ratio:.2f}x, {met}"
-            )
+    for n, ratio, bcast in verdicts:
+        for what, most, got in (("call", TARGET, ratio), ("broadcasts", BROADCAST_TARGET, bcast)):
+            head = f"target ({what} <= {most:g}x torchmonarch), {n} actors"
+            if got is None:
+                lines.append(f"{head}: not measured")
+            else:
+                lines.append(f"{head}: {got:.2f}x, {'met' if got <= most else 'NOT met'}")
     lines.append(f"total wall time: {time.perf_counter() - began:.0f} s")
     print("\n".join(lines))
 

@@ -127,7 +127,11 @@ class FrameConn:
         by a thread of its own, in order: a caller left blocked could only be stopped by
         Ctrl-C, and a frame cut in the middle makes every later message unreadable."""
         data = pickle.dumps(msg, protocol=5)
-        frame = [memoryview(HEADER.pack(len(data))), memoryview(data)]
+        if len(data) < 65536:
+            # one send, so one segment: the header alone would wake the reader for nothing
+            frame = [memoryview(HEADER.pack(len(data)) + data)]
+        else:
+            frame = [memoryview(HEADER.pack(len(data))), memoryview(data)]
         with self.lock:
             if not self._unsent:
                 # TLS takes no MSG_DONTWAIT: its frames always go through the thread.

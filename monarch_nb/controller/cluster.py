@@ -28,6 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from monarch_nb.controller import forkserver
+
 DEFAULT_CPU_WORKERS = 2
 
 
@@ -124,6 +126,7 @@ _DAEMON_KEY = "distributed.worker.daemon"
 _daemon_lock = threading.Lock()
 _daemon_depth = 0
 _daemon_saved = True
+_method_saved = "spawn"
 
 
 @contextlib.contextmanager
@@ -131,14 +134,17 @@ def _workers_not_daemons():
     """``distributed.worker.daemon: False`` while one of our nannies starts its worker process
     (Dask reads it then, in this process). The nannies start at once on the event loop, so
     nested ``dask.config.set`` blocks would restore each other's value: the first one in saves
-    the user's value and the last one out puts it back."""
+    the user's value and the last one out puts it back. Forked from the forkserver where
+    that is on (forkserver.py), as start, restart and replacement alike."""
     import dask
 
-    global _daemon_depth, _daemon_saved
+    global _daemon_depth, _daemon_saved, _method_saved
     with _daemon_lock:
         if _daemon_depth == 0:
             _daemon_saved = dask.config.get(_DAEMON_KEY, default=True)
-            dask.config.set({_DAEMON_KEY: False})
+            _method_saved = dask.config.get(forkserver.METHOD_KEY, default="spawn")
+            method = "forkserver" if forkserver.enabled() else _method_saved
+            dask.config.set({_DAEMON_KEY: False, forkserver.METHOD_KEY: method})
         _daemon_depth += 1
     try:
         yield
@@ -146,7 +152,7 @@ def _workers_not_daemons():
         with _daemon_lock:
             _daemon_depth -= 1
             if _daemon_depth == 0:
-                dask.config.set({_DAEMON_KEY: _daemon_saved})
+                dask.config.set({_DAEMON_KEY: _daemon_saved, forkserver.METHOD_KEY: _method_saved})
 
 
 @functools.cache
@@ -200,17 +206,43 @@ def _close_at_exit(cluster) -> None:
     _local_clusters.add(cluster)
 
 
+# Dask's defaults suit workers that run tasks under a dashboard; a rank mostly waits between
+# cells, and these were most of an idle worker's CPU (4.4% of a core, benchmarks/
+# bench_breakdown.py): the statistical profiler sampling every thread's stack every 10 ms (for
+# the dashboard's profile page; a cell's thread waits for the GIL meanwhile), the event loop's
+# health check every 20 ms, the memory and system monitors every 100 and 500 ms.
+WORKER_CONFIG = {
+    "distributed.worker.profile.enabled": False,
+    "distributed.admin.tick.interval": "1s",
+    "distributed.worker.memory.monitor-interval": "2s",
+    "distributed.admin.system-monitor.interval": "2s",
+}
+
+
+def _worker_config() -> dict:
+    """This process's Dask config with WORKER_CONFIG, for the nannies to give their workers."""
+    import copy
+
+    import dask
+
+    with dask.config.set(WORKER_CONFIG):
+        return copy.deepcopy(dask.config.config)
+
+
 def start_local(plans: list[WorkerPlan], threads: int = 1, security=None):
     """A SpecCluster with its scheduler in this process and one nanny per plan, on 127.0.0.1.
 
     With a ``distributed.Security`` every comm (scheduler, nannies, workers, the client) speaks
     TLS with its certificates; the dashboard stays plain HTTP, still on 127.0.0.1 only.
     """
+    import dask
     from distributed import Scheduler, SpecCluster
 
+    forkserver.start()  # its imports run while the scheduler starts
     _quiet_dask_logs()
     protocol = "tls" if security is not None else "tcp"
     tls = {"security": security} if security is not None else {}
+    config = _worker_config()
     scheduler = {
         "cls": Scheduler,
         "options": {
@@ -232,18 +264,24 @@ def start_local(plans: list[WorkerPlan], threads: int = 1, security=None):
                 "env": plan.env,
                 "dashboard": False,
                 "silence_logs": logging.WARNING,
+                "config": config,
                 **tls,
             },
         }
         for plan in plans
     }
-    cluster = SpecCluster(
-        workers=workers,
-        scheduler=scheduler,
-        silence_logs=logging.WARNING,
-        name="monarch-nb",
-        **tls,
-    )
+    # The scheduler and the nannies in this process check their event loops' health each
+    # second too (read as they are made); the nannies' memory monitor keeps Dask's 100 ms: it
+    # is what stops a rank that runs away with the machine's memory.
+    tick = "distributed.admin.tick.interval"
+    with dask.config.set({tick: WORKER_CONFIG[tick]}):
+        cluster = SpecCluster(
+            workers=workers,
+            scheduler=scheduler,
+            silence_logs=logging.WARNING,
+            name="monarch-nb",
+            **tls,
+        )
     _close_at_exit(cluster)
     return cluster
 
@@ -316,6 +354,13 @@ def close_cluster(cluster, gone: bool) -> None:
                     with contextlib.suppress(OSError):
                         os.kill(pid, signal.SIGKILL)
         cluster.close()
+    release_forkserver()
+
+
+def release_forkserver() -> None:
+    """A local cluster closed (or never started): let go of the forkserver (forkserver.py),
+    which ends once the last worker forked from it has."""
+    forkserver.stop()
 
 
 def temporary_security():

@@ -91,9 +91,11 @@ def up(
             )
         except KeyboardInterrupt:
             cluster.close()
+            clusters.release_forkserver()
             raise Interrupted(_UP_INTERRUPTED) from None
         except BaseException:
             cluster.close()
+            clusters.release_forkserver()
             raise
         if current:
             set_current(ctl)
@@ -144,8 +146,10 @@ def _start_local(plans, threads: int, security):
             with contextlib.suppress(Exception):
                 cluster.close()
         done.wait()
+        clusters.release_forkserver()
         raise Interrupted(_UP_INTERRUPTED) from None
     if "error" in box:
+        clusters.release_forkserver()
         raise box["error"]
     return box["cluster"]
 

@@ -69,6 +69,8 @@ def _ours(filename: str) -> bool:
 def _ends_in_semicolon(code: str) -> bool:
     """Whether the cell's value is hidden: its last token is ``;``, a comment may follow
     (``rank;  # hide``), as IPython decides."""
+    if ";" not in code:  # most cells: IPython's tokenizing is a tenth of a trivial cell's trip
+        return False
     from IPython.core.displayhook import DisplayHook
 
     return DisplayHook.semicolon_at_end_of_expression(code)

@@ -109,13 +109,17 @@ def test_long_lines_written_to_the_descriptors_arrive_whole(clean, capsys):
 
 # -- up and down ---------------------------------------------------------------------------------
 def _workers() -> set[int]:
-    """This process's live descendants, but multiprocessing's resource tracker."""
+    """This process's live descendants, but multiprocessing's resource tracker and forkserver
+    (it lives while any local cluster does: test_forkserver.py)."""
     import psutil
 
     pids = set()
     for p in psutil.Process().children(recursive=True):
         try:
-            if "resource_tracker" not in " ".join(p.cmdline()):
+            cmd = " ".join(p.cmdline())
+            # (a worker forked from the forkserver has its command line, not its parent)
+            server = "multiprocessing.forkserver" in cmd and p.ppid() == os.getpid()
+            if "resource_tracker" not in cmd and not server:
                 pids.add(p.pid)
         except psutil.Error:  # gone, or a zombie
             pass
@@ -161,6 +165,8 @@ def test_an_up_interrupted_by_a_signal_has_stopped_its_cluster_when_it_returns(
     before = set(SpecCluster._instances)  # the shared cluster of other tests
     handler = logging.StreamHandler(io.StringIO())  # Dask's own, as outside pytest
     monkeypatch.setattr(logging.getLogger("distributed"), "handlers", [handler])
+    # spawned workers: forked from a forkserver that runs already, a worker may be up in 0.5 s
+    monkeypatch.setenv("MONARCH_NB_FORKSERVER", "0")
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
     with pytest.raises(KeyboardInterrupt, match="up interrupted; its workers were stopped"):
         monarch_nb.up(workers=1, cpu=True, dist=False)

@@ -1,0 +1,59 @@
+"""The plain-socket data path: a small request leaves in one send (issue 24: a header sent
+apart reached the rank as a segment of its own, which woke its thread for nothing)."""
+
+from __future__ import annotations
+
+import socket
+
+from monarch_nb.wire import FrameConn
+
+
+class CountingSocket(socket.socket):
+    """A real TCP socket that remembers what each send() was given."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sends: list[bytes] = []
+
+    def send(self, data, flags=0):
+        self.sends.append(bytes(data))
+        return super().send(data, flags)
+
+
+def _pair():
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = CountingSocket(socket.AF_INET, socket.SOCK_STREAM)
+    client.connect(listener.getsockname())
+    server, _ = listener.accept()
+    listener.close()
+    return client, server
+
+
+def test_a_small_request_is_one_send_and_arrives_whole():
+    client, server = _pair()
+    sender, receiver = FrameConn(client), FrameConn(server)
+    try:
+        sender.post({"op": "execute", "code": "x = 1", "id": "execute-1-abc"})
+        assert len(client.sends) == 1
+        got = []
+        while not got:
+            got = receiver.feed()
+        assert got == [{"op": "execute", "code": "x = 1", "id": "execute-1-abc"}]
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def test_a_large_request_still_arrives_whole():
+    client, server = _pair()
+    sender, receiver = FrameConn(client), FrameConn(server)
+    blob = bytes(range(256)) * 4096  # 1 MiB: past what one frame's send is given
+    try:
+        sender.post({"blob": blob})
+        got = []
+        while not got:
+            got = receiver.feed()
+        assert got == [{"blob": blob}]
+    finally:
+        sender.close()
+        receiver.close()
