@@ -267,13 +267,7 @@ def keep_failure(engine, request_id: str, exc: BaseException) -> None:
 def post_mortem(engine, request_id: str) -> str:
     """pdb on the traceback that cell ``request_id`` left here: "ok" once the user quits, or
     why it cannot start ("none": no failed cell kept, "other": a different cell's)."""
-    failure = getattr(engine, "failure", None)
-    if failure is None:
-        return "none"
-    if failure[0] != request_id:
-        return "other"
-    _open(engine, *failure[1:])
-    return "ok"
+    return _post_mortem(engine, getattr(engine, "failure", None), request_id)
 
 
 def keep_actor_failure(exc: BaseException, skip: str) -> str | None:
@@ -293,11 +287,16 @@ def keep_actor_failure(exc: BaseException, skip: str) -> str | None:
 
 def actor_post_mortem(engine, token: str) -> str:
     """``post_mortem`` for the actor call whose error carries ``token``."""
-    if _actor_failure is None:
+    return _post_mortem(engine, _actor_failure, token)
+
+
+def _post_mortem(engine, kept: tuple | None, key: str) -> str:
+    """pdb on ``kept`` (key, exception, traceback) if it is ``key``'s."""
+    if kept is None:
         return "none"
-    if _actor_failure[0] != token:
+    if kept[0] != key:
         return "other"
-    _open(engine, *_actor_failure[1:])
+    _open(engine, *kept[1:])
     return "ok"
 
 

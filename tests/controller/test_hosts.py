@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _wait import RANK_1_BUSY
 
 import monarch_nb
 from monarch_nb import errors as module
@@ -300,11 +301,7 @@ def test_cluster_across_namespaces_survives_a_cut_link(hosts, cell):
     cut_at: list[float] = []
     timer = _cut_after(1.5, hosts, "w1", cut_at)
     try:
-        cell(
-            "%%monarch\nimport time\nt0 = time.time()\n"
-            "while rank == 1 and time.time() - t0 < 120:\n    time.sleep(0.05)\nrank",
-            expect_error=True,
-        )
+        cell(RANK_1_BUSY, expect_error=True)
     finally:
         timer.cancel()
     took = time.monotonic() - cut_at[0]

@@ -17,7 +17,7 @@ import nbformat
 import pytest
 from _server_helpers import status_of
 from _slurm import DOWN_PARTITION, Slurm, wait_until_empty, why_not
-from _wait import wait_for
+from _wait import RANK_1_BUSY, wait_for
 from nbclient import NotebookClient
 
 import monarch_nb
@@ -106,11 +106,7 @@ def test_ranks_are_slurm_jobs(slurm, no_current, cell, jp_fetch, jp_asyncio_loop
     timer.start()
     t0 = time.monotonic()
     try:
-        cell(
-            "%%monarch\nimport time\nt0 = time.time()\n"
-            "while rank == 1 and time.time() - t0 < 120:\n    time.sleep(0.05)\nrank",
-            expect_error=True,
-        )
+        cell(RANK_1_BUSY, expect_error=True)
     finally:
         timer.cancel()
     assert time.monotonic() - t0 < 30
