@@ -171,12 +171,16 @@ class FrameConn:
                     self._unsent.popleft()
 
     def feed(self) -> list[Any] | None:
-        """The complete messages now readable, or None once the other side has closed."""
+        """The complete messages now readable, or None once the other side has closed; never
+        blocks."""
         if self.tls:
             if self._eof or not self._tls_read():
                 return None
         else:
-            chunk = self.sock.recv(MAX_READ)
+            try:  # two threads may both have seen it readable (controller/reader.py)
+                chunk = self.sock.recv(MAX_READ, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return []
             if not chunk:
                 return None
             self._buf += chunk

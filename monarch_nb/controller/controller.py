@@ -33,8 +33,9 @@ from monarch_nb.controller import attach, data, dispatch, lifecycle, scale, stac
 from monarch_nb.controller import sync as code_sync
 from monarch_nb.controller.dist import DistError, form_group, form_if_pending
 from monarch_nb.controller.handles import CellHandle
-from monarch_nb.controller.links import Link, RankInfo, Reader, Router
+from monarch_nb.controller.links import Link, RankInfo, Router
 from monarch_nb.controller.output import Renderer, live_sink
+from monarch_nb.controller.reader import Reader
 from monarch_nb.controller.results import ValueMesh
 from monarch_nb.controller.targets import format_ranks, parse_targets
 from monarch_nb.errors import ClusterError
@@ -200,14 +201,19 @@ class Controller:
             msg["autoreload"] = True
         if cell.python is not cell.source:
             msg["source"] = cell.source
-        req = dispatch.submit(self, "execute", ranks, msg)
-        sink = None if block else live_sink(f"[{format_ranks(ranks)}] running in the background")
-        renderer = Renderer(ranks, sink=sink, collapse=collapse, stream=stream)
-        if watch is not None:
-            watch(req)
         if not block:
+            req = dispatch.submit(self, "execute", ranks, msg)
+            sink = live_sink(f"[{format_ranks(ranks)}] running in the background")
+            renderer = Renderer(ranks, sink=sink, collapse=collapse, stream=stream)
+            if watch is not None:
+                watch(req)
             return CellHandle(self, req, renderer, timeout)
-        outcomes, stopped = dispatch.collect(self, req, renderer, timeout)
+        with self._reader.borrow():  # before the send: the first reply may come at once
+            req = dispatch.submit(self, "execute", ranks, msg)
+            renderer = Renderer(ranks, collapse=collapse, stream=stream)
+            if watch is not None:
+                watch(req)
+            outcomes, stopped = dispatch.collect(self, req, renderer, timeout)
         return dispatch.settle(self, req, outcomes, stopped, timeout)
 
     def call(self, fn, *args, targets=None, per_rank: Mapping[int, tuple] | None = None):

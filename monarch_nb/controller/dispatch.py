@@ -45,6 +45,7 @@ def submit(
 ) -> Request:
     req = Request(kind, ranks)
     req.send = lambda rank, msg: ctl._links[rank].send(msg)
+    req.reader = ctl._reader
     ctl._router.add(req)
     for rank in ranks:
         body = {**(msg or {}), **((per_rank or {}).get(rank, {})), "id": req.id}
@@ -72,10 +73,12 @@ def call(
         say_waiting(ctl, ranks, asked)
     if per_rank is not None:
         blobs = {r: {"fn": cloudpickle.dumps((fn, per_rank[r]))} for r in ranks}
-        req = submit(ctl, "call", ranks, {"op": "call"}, blobs)
+        msg, per = {"op": "call"}, blobs
     else:
-        req = submit(ctl, "call", ranks, {"op": "call", "fn": cloudpickle.dumps((fn, args))})
-    outcomes, stopped = collect(ctl, req, Renderer(ranks))
+        msg, per = {"op": "call", "fn": cloudpickle.dumps((fn, args))}, None
+    with ctl._reader.borrow():  # before the send: the first reply may come at once
+        req = submit(ctl, "call", ranks, msg, per)
+        outcomes, stopped = collect(ctl, req, Renderer(ranks))
     return settle(ctl, req, outcomes, stopped)
 
 

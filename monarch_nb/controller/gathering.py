@@ -8,9 +8,9 @@ that did arrive.
 
 from __future__ import annotations
 
+import _signal
 import contextlib
 import queue
-import signal
 import threading
 import time
 from collections.abc import Mapping
@@ -21,6 +21,7 @@ import cloudpickle
 from monarch_nb.controller import prompting
 from monarch_nb.controller.links import Request
 from monarch_nb.controller.output import Renderer
+from monarch_nb.controller.reader import given_back, next_event
 from monarch_nb.controller.results import (
     CellError,
     CellTimeout,
@@ -47,36 +48,39 @@ def gather(
     outcomes = {} if outcomes is None else outcomes
     last = time.monotonic()
     background = threading.current_thread() is not threading.main_thread()
+    borrow = req.reader.borrow() if req.reader is not None else contextlib.nullcontext()
     try:
-        while len(outcomes) < len(req.ranks):
-            if stop is not None and stop.is_set():
-                raise KeyboardInterrupt
-            now = time.monotonic()
-            until = min(
-                deadline if deadline is not None else float("inf"),
-                last + quiet if quiet is not None else float("inf"),
-            )
-            if now >= until:
-                raise TimeoutError
-            try:
-                if req.backlog:
-                    rank, ev = req.backlog.popleft()
+        with borrow:
+            while len(outcomes) < len(req.ranks):
+                if stop is not None and stop.is_set():
+                    raise KeyboardInterrupt
+                now = time.monotonic()
+                until = min(
+                    deadline if deadline is not None else float("inf"),
+                    last + quiet if quiet is not None else float("inf"),
+                )
+                if now >= until:
+                    raise TimeoutError
+                try:
+                    if req.backlog:
+                        rank, ev = req.backlog.popleft()
+                    else:
+                        rank, ev = next_event(req.events, min(0.1, until - now))
+                except queue.Empty:
+                    renderer.tick()
+                    continue
+                last = time.monotonic()
+                if background and prompting.divert(req, rank, ev):
+                    continue
+                if ev["ev"] == "done":
+                    outcomes[rank] = ev
+                    prompting.release(req, rank)
+                elif ev["ev"] in ("input", "release"):
+                    with given_back():  # the user's think time: the Reader reads meanwhile
+                        prompting.on_event(req, rank, ev, renderer, ask)
+                    last = time.monotonic()  # the user's think time is not the ranks' silence
                 else:
-                    rank, ev = req.events.get(timeout=min(0.1, until - now))
-            except queue.Empty:
-                renderer.tick()
-                continue
-            last = time.monotonic()
-            if background and prompting.divert(req, rank, ev):
-                continue
-            if ev["ev"] == "done":
-                outcomes[rank] = ev
-                prompting.release(req, rank)
-            elif ev["ev"] in ("input", "release"):
-                prompting.on_event(req, rank, ev, renderer, ask)
-                last = time.monotonic()  # the user's think time is not the ranks' silence
-            else:
-                renderer.feed(rank, ev)
+                    renderer.feed(rank, ev)
     finally:
         renderer.close()
     return outcomes
@@ -145,12 +149,12 @@ def sigint_sets(stop: threading.Event | None = None):
     if threading.current_thread() is not threading.main_thread():
         yield stop
         return
-    previous = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
+    # _signal: the signal module's enum wrapping was a tenth of a trivial cell's own time
+    previous = _signal.signal(_signal.SIGINT, lambda signum, frame: stop.set())
     try:
         yield stop
     finally:
-        signal.signal(signal.SIGINT, previous)
+        _signal.signal(_signal.SIGINT, previous)
 
 
 def _unpack(rank: int, ev: dict[str, Any]) -> Any:

@@ -1,8 +1,8 @@
 """Controller side of the wire: one comm per rank, straight to the worker's engine.
 
 Requests go out on each rank's data path straight from the calling thread; events come back on
-the same socket, read by one Reader thread and routed by request id to the Request's queue,
-where the controller's thread (the notebook's main thread) picks them up. Interrupt and info
+the same socket, read by the Reader (reader.py: its thread, or the notebook's thread while it
+waits) and routed by request id to the Request's queue. Interrupt and info
 travel on a distributed comm, so they reach a rank whose thread is busy.
 """
 
@@ -13,7 +13,6 @@ import collections
 import contextlib
 import itertools
 import queue
-import selectors
 import socket
 import threading
 import time
@@ -29,8 +28,11 @@ _ids = itertools.count(1)
 TLS_HANDSHAKE_TIMEOUT = 10.0  # seconds; the engine gives up on its side after 5
 
 
+_PROCESS = uuid.uuid4().hex[:6]  # ids stay unique across controllers a rank has known
+
+
 def new_id(kind: str) -> str:
-    return f"{kind}-{next(_ids)}-{uuid.uuid4().hex[:6]}"
+    return f"{kind}-{next(_ids)}-{_PROCESS}"
 
 
 @dataclass
@@ -62,6 +64,7 @@ class Request:
         self.backlog: collections.deque = collections.deque()
         self.turns = None  # whose prompt is open (prompting.Turns), once a rank asks
         self.send = None  # send(rank, msg) on that rank's link (dispatch.submit sets it)
+        self.reader = None  # the Reader (reader.py) a thread waiting for this may borrow
 
 
 class Router:
@@ -137,6 +140,7 @@ class Link:
         self.reader: asyncio.Future | None = None
         self._gone = False
         self._lock = threading.Lock()
+        self.read_lock = threading.Lock()  # a feed and the delivery of what it read
 
     async def open(self, controller: str, connection_args: dict[str, Any]) -> None:
         """The handshake: attach over the control comm, then connect the data path."""
@@ -213,64 +217,3 @@ class Link:
             self.conn.shutdown()
         if self.comm is not None and not self.comm.closed():
             self.comm.abort()
-
-
-class Reader:
-    """The controller's thread that reads every rank's data path and routes the events."""
-
-    def __init__(self, router: Router):
-        self.router = router
-        self._sel = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._sel.register(self._wake_r, selectors.EVENT_READ)
-        self._added: list[Link] = []
-        self._lock = threading.Lock()
-        self._stop = False
-        self._thread = threading.Thread(target=self._run, name="monarch-reader", daemon=True)
-        self._thread.start()
-
-    def add(self, link: Link) -> None:
-        with self._lock:
-            self._added.append(link)
-        self._wake_w.send(b"x")
-
-    def stop(self) -> None:
-        self._stop = True
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"x")
-
-    def _run(self) -> None:
-        while not self._stop:
-            for key, _ in self._sel.select():
-                if key.fileobj is self._wake_r:
-                    with contextlib.suppress(OSError):
-                        self._wake_r.recv(4096)
-                    with self._lock:
-                        added, self._added = self._added, []
-                    for link in added:
-                        self._sel.register(link.conn, selectors.EVENT_READ, link)
-                        for batch in link.conn.backlog:
-                            self._deliver(link, batch)
-                    continue
-                link = key.data
-                try:
-                    batches = link.conn.feed()
-                except OSError:
-                    batches = None
-                if batches is None:
-                    self._sel.unregister(key.fileobj)
-                    link.conn.close()
-                    link.gone("its connection closed")
-                    continue
-                for batch in batches:
-                    self._deliver(link, batch)
-        for key in list(self._sel.get_map().values()):
-            if key.fileobj is not self._wake_r:
-                key.data.conn.close()
-        self._sel.close()
-        self._wake_r.close()
-        self._wake_w.close()
-
-    def _deliver(self, link: Link, batch: list[dict[str, Any]]) -> None:
-        for ev in batch:
-            self.router.deliver(link.info.rank, ev)

@@ -27,6 +27,7 @@ from IPython.core.error import StdinNotImplementedError
 
 from monarch_nb import errors
 from monarch_nb.controller.output import Renderer
+from monarch_nb.controller.reader import next_event
 from monarch_nb.controller.targets import format_ranks
 from monarch_nb.errors import ClusterError
 
@@ -142,7 +143,7 @@ def attach(ctl, rank: int | None) -> bool:
 def _next(events: queue.SimpleQueue, renderer) -> dict[str, Any]:
     while True:
         try:
-            return events.get(timeout=0.1)  # a short wait: Ctrl-C lands between two
+            return next_event(events, 0.1)  # a short wait: Ctrl-C lands between two
         except queue.Empty:
             renderer.tick()
 

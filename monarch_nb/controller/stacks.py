@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from monarch_nb.controller import dispatch, unanswered
 from monarch_nb.controller.links import Request
+from monarch_nb.controller.reader import next_event
 from monarch_nb.controller.results import Interrupted
 from monarch_nb.controller.stacks_report import StacksReport
 from monarch_nb.errors import ClusterError
@@ -81,7 +82,7 @@ def _wait(req: Request, started: float) -> tuple[dict[int, dict], dict[int, dict
             break
         try:
             # short waits on the notebook's thread, so that Ctrl-C lands between two
-            rank, ev = req.events.get(timeout=0.05 if main else 0.2)
+            rank, ev = next_event(req.events, 0.05 if main else 0.2)
         except queue.Empty:
             continue
         if ev["ev"] == "done":

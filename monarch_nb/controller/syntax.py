@@ -44,7 +44,22 @@ class ParsedCell:
 def parse(cell: str) -> ParsedCell:
     """The cell as Python, parsed once: IPython's syntax rewritten, line numbers kept (leading
     blank lines too) so that tracebacks point at the cell's own lines. Raises UnavailableMagic
-    for a magic the ranks lack, SyntaxError where the cell does not parse (null bytes too)."""
+    for a magic the ranks lack, SyntaxError where the cell does not parse (null bytes too).
+    A cell run again (a loop of ``ctl.run("step()")``) is parsed once."""
+    parsed = _parsed.get(cell)
+    if parsed is None:
+        parsed = _parse(cell)
+        if len(_parsed) >= PARSED_KEPT:
+            _parsed.pop(next(iter(_parsed)))
+        _parsed[cell] = parsed
+    return parsed
+
+
+PARSED_KEPT = 256  # the cells whose parse is kept, the oldest forgotten first
+_parsed: dict[str, ParsedCell] = {}
+
+
+def _parse(cell: str) -> ParsedCell:
     python = _rewrite(cell)
     try:
         tree = ast.parse(python, "<cell>")

@@ -18,6 +18,7 @@ red), answers the browser from the state it last had, and forwards nothing.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -31,10 +32,11 @@ UPDATE_INTERVAL = 0.1  # seconds between two state updates of one widget sent to
 
 def _kernel():
     """The Jupyter kernel this process runs, or None (a script, a terminal IPython)."""
-    try:
-        from ipykernel.kernelbase import Kernel
-    except ImportError:
+    # A kernel has imported ipykernel; importing it here would only cost a script its time.
+    kernelbase = sys.modules.get("ipykernel.kernelbase")
+    if kernelbase is None:
         return None
+    Kernel = kernelbase.Kernel
     return Kernel.instance() if Kernel.initialized() else None
 
 

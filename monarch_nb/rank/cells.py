@@ -31,12 +31,38 @@ def compile_cell(
     # Tracebacks show the cell as written (``!ls``), not the Python it became.
     source = msg.get("source", code)
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    tree = ast.parse(code, filename)
+    compiled = _compiled.get(code)
+    if compiled is None:
+        compiled = _compile(code)
+        if len(_compiled) >= COMPILED_KEPT:
+            _compiled.pop(next(iter(_compiled)))
+        _compiled[code] = compiled
+    body, expr = (_named(c, filename) if c is not None else None for c in compiled)
+    return body, expr, _ends_in_semicolon(source)
+
+
+# A cell run again (a loop of ``ctl.run("step()")``) is compiled once: its code objects are
+# kept, and each run gets copies named after its own cell number (for tracebacks).
+COMPILED_KEPT = 256
+_compiled: dict[str, tuple[types.CodeType, types.CodeType | None]] = {}
+
+
+def _compile(code: str) -> tuple[types.CodeType, types.CodeType | None]:
+    tree = ast.parse(code, CELL_PREFIX)
     last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
     flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
-    body = compile(tree, filename, "exec", flags=flags)
-    expr = compile(ast.Expression(last.value), filename, "eval", flags=flags) if last else None
-    return body, expr, _ends_in_semicolon(source)
+    body = compile(tree, CELL_PREFIX, "exec", flags=flags)
+    expr = compile(ast.Expression(last.value), CELL_PREFIX, "eval", flags=flags) if last else None
+    return body, expr
+
+
+def _named(code: types.CodeType, filename: str) -> types.CodeType:
+    """``code`` and the code objects inside it (functions, classes, comprehensions) with
+    ``filename`` as theirs."""
+    consts = tuple(
+        _named(c, filename) if isinstance(c, types.CodeType) else c for c in code.co_consts
+    )
+    return code.replace(co_filename=filename, co_consts=consts)
 
 
 def format_error(exc: BaseException) -> dict[str, Any]:

@@ -77,3 +77,23 @@ def test_an_interrupt_inside_the_package_ends_at_the_users_line():
 def test_a_value_that_cannot_travel_says_why():
     assert cells.pack(lambda: 1)["value"]  # cloudpickle sends a lambda by value
     assert cells.pack(threading.Lock())["value_error"].startswith("lock cannot be pickled")
+
+
+def test_a_cell_run_again_is_named_after_its_own_run():
+    # Compiled once and kept; each run's code, its functions and comprehensions included,
+    # carries its own cell number, so tracebacks and inspect point at the right run.
+    source = "def f():\n    return [1 / i for i in (0,)]\nf"
+    first, second = ({} for _ in range(2))
+    f1 = run(source, first, n=41)
+    f2 = run(source, second, n=42)
+    assert f1.__code__.co_filename == "<monarch cell 41>"
+    assert f2.__code__.co_filename == "<monarch cell 42>"
+    inner = [c for c in f2.__code__.co_consts if inspect.iscode(c)]
+    assert inner and all(c.co_filename == "<monarch cell 42>" for c in inner)
+    try:
+        f2()
+    except ZeroDivisionError as e:
+        lines = cells.format_error(e)["traceback"]
+    assert any('"<monarch cell 42>", line 2' in line for line in lines), lines
+    assert not any("cell 41" in line for line in lines), lines
+    assert inspect.getsource(f1).startswith("def f():")
