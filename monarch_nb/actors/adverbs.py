@@ -10,7 +10,8 @@ from typing import Any
 
 import cloudpickle
 
-from monarch_nb.actors.wire import ActorError, Future, Pending, SupervisionError, decode_error
+from monarch_nb.actors.mailbox import Pending
+from monarch_nb.actors.wire import ActorError, Future, SupervisionError, decode_error
 from monarch_nb.controller.results import ValueMesh
 
 _EMPTY_ARGS = cloudpickle.dumps(((), {}), protocol=5)

@@ -22,10 +22,10 @@ Names and semantics follow torchmonarch::
 Adverbs: ``call`` (a Future of a ValueMesh), ``call_one`` (a mesh of one actor), ``choose`` (the
 actor with the fewest of this process's calls unanswered), ``stream`` (futures in arrival
 order), ``broadcast`` (fire and forget; failures are printed on the controller and kept in
-``broadcast_errors()``). Messages go straight from the caller to the actor's worker over
-distributed comms, never through the task queue. This module holds meshes and slicing;
-``adverbs`` the adverbs, ``wire`` the caller's comms, futures and errors,
-``worker`` the actors' side, ``actor`` what an actor sees.
+``broadcast_errors()``). Messages go straight from the caller to the actor's worker on plain
+sockets, never through the task queue. This module holds meshes and slicing; ``adverbs`` the
+adverbs, ``mailbox`` the caller's connections, ``transport`` the sockets of both sides, ``wire``
+futures and errors, ``worker`` the actors' side, ``actor`` what an actor sees.
 """
 
 from __future__ import annotations
@@ -54,15 +54,9 @@ from monarch_nb.actors.actor import (
     plain_methods_of,
 )
 from monarch_nb.actors.adverbs import ActorEndpoint, NotAnEndpoint, gather, pack_args
+from monarch_nb.actors.mailbox import Mailbox
 from monarch_nb.actors.stops import stops
-from monarch_nb.actors.wire import (
-    ActorError,
-    Future,
-    Mailbox,
-    SupervisionError,
-    decode_error,
-    sources,
-)
+from monarch_nb.actors.wire import ActorError, Future, SupervisionError, decode_error, sources
 from monarch_nb.actors.worker import PLUGIN_NAME, ActorPlugin, current_host
 from monarch_nb.controller.results import Interrupted
 from monarch_nb.controller.stacks import ask as actor_stacks

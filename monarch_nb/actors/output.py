@@ -2,10 +2,12 @@
 
 An actor's thread (and any thread it starts) writes through the process's stream routers
 (``capture.py``) as a cell's thread does, into the actor's ``ActorOutbox`` rather than a cell's.
-The outbox turns writes into whole lines and sends them over the comm of the mesh's owner, in
-order and ahead of the reply of the call that printed them (both go through the worker's event
-loop, first come first sent). The notebook prints them tagged with the mesh's name and the
-rank (``show``); an actor that spawned the mesh writes them to its worker's own log.
+The outbox turns writes into whole lines and sends them on the connection of the mesh's owner,
+in order and ahead of the reply of the call that printed them: what a call printed is sent by
+the actor's thread when the call ends, before that thread sends the reply; what it prints while
+it runs is sent meanwhile from the worker's event loop. The notebook prints them tagged with
+the mesh's name and the rank (``show``); an actor that spawned the mesh writes them to its
+worker's own log.
 ``display()`` in an endpoint sends the object's mimebundle the same way.
 """
 
@@ -15,6 +17,7 @@ import asyncio
 import contextlib
 import contextvars
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -23,34 +26,40 @@ from monarch_nb.rank.capture import PROGRESS_INTERVAL, Outbox
 
 class ActorOutbox(Outbox):
     """One actor's output: capture's ``Outbox`` (whole lines, in order, a long unfinished line
-    cut), drained on the worker's event loop into one message to the mesh's owner at a time.
-    Only what a call has printed in full is sent: carriage-return progress is not shown live."""
+    cut), drained into one message to the mesh's owner at a time. Only what a call has printed
+    in full is sent: carriage-return progress is not shown live."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, send: Callable[[list[dict]], None]):
         super().__init__(self._wake_loop)
         self._loop = loop
         self._send = send
+        # A drain and its send are one step, so what is drained first is sent first whichever
+        # thread drains (the event loop while a call runs, the actor's thread as it ends).
+        self._sending = threading.Lock()
         self.current = (self, "")  # as a console: threads the actor starts print here too
 
     def end_call(self) -> None:
-        """Send what a call printed, its unfinished line too, ahead of its reply: the drain is
-        queued on the worker's loop before the reply is (urgent, so even while a progress line
-        waits its turn)."""
+        """Send what a call printed, its unfinished line too, now: on the actor's thread,
+        which sends the call's reply next."""
         self.end_cell("")
-        if self._events:  # a call that printed nothing costs no wake of the loop
-            self._schedule(True)
+        if self._events:  # a call that printed nothing costs nothing more
+            self._drain()
 
     def _wake_loop(self, urgent: bool) -> None:
         with contextlib.suppress(RuntimeError):  # the worker's loop is closing: nobody to send to
             self._loop.call_soon_threadsafe(self._drain)
 
     def _drain(self) -> None:
-        events, again = self.drain()
-        events = [e for e in events if e["ev"] != "progress"]
-        if events:
-            self._send(events)
+        with self._sending:
+            events, again = self.drain()
+            events = [e for e in events if e["ev"] != "progress"]
+            if events:
+                self._send(events)
         if again:
-            self._loop.call_later(PROGRESS_INTERVAL, self._drain)
+            with contextlib.suppress(RuntimeError):  # as in _wake_loop
+                self._loop.call_soon_threadsafe(
+                    self._loop.call_later, PROGRESS_INTERVAL, self._drain
+                )
 
 
 class ActorConsole:

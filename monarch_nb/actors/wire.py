@@ -1,11 +1,6 @@
-"""The caller's side of actor messages: comms to workers, futures, errors, supervision.
-
-One ``Mailbox`` per process that sends (the controller, and each worker whose actors call
-others). It keeps one comm per worker address, opened on first use and kept; messages to one
-address go out in the order they were sent, which is what keeps one caller's messages to one
-actor in order. Replies come back on the same comm. A comm that closes is the signal that the
-worker process is gone: every call still waiting on it fails with ``SupervisionError`` and every
-later message to that address fails at once.
+"""What a caller of actors gets back: futures, the errors an actor call raises (``ActorError``,
+``SupervisionError``), and the source lines put back into remote tracebacks. The messages
+themselves travel through mailbox.py and transport.py.
 """
 
 from __future__ import annotations
@@ -14,29 +9,19 @@ import asyncio
 import contextlib
 import inspect
 import linecache
-import logging
 import re
 import sys
 import threading
 import time
-import uuid
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
-from distributed.comm import CommClosedError, connect
 
 from monarch_nb.actors.actor import EndpointProperty
 from monarch_nb.actors.stops import stops
 from monarch_nb.controller.results import Interrupted, RemoteError
-from monarch_nb.wire import Writer
 
-ATTACH = "monarch_actors_attach"
-logger = logging.getLogger("monarch_nb.actors")
-# Seconds to reach a worker before calling it dead: a refused connection is retried until then
-# (a worker process that was killed refuses at once, forever).
-CONNECT_TIMEOUT = 5
 # Source spans kept per function name: a class redefined in cell after cell keeps only its
 # latest versions (the older ones are what tracebacks least often show).
 MAX_SPANS = 16
@@ -286,212 +271,3 @@ class _Sources:
 
 
 sources = _Sources()
-
-
-class Pending:
-    """One message sent to some ranks; ``on_reply(rank, reply)`` and ``on_lost(rank, error)``
-    run on the mailbox's loop; ``targets`` maps each rank still owed a reply to its address,
-    ``keys`` each such rank to the actor it runs on, ``(mesh id, position)``, which
-    ``Mailbox.inflight`` counts for choose()."""
-
-    def __init__(self, targets: dict[int, str], on_reply, on_lost, keys=None):
-        self.id = uuid.uuid4().hex
-        self.targets = dict(targets)
-        self.on_reply = on_reply
-        self.on_lost = on_lost
-        self.keys: dict[int, tuple[str, int]] = dict(keys or {})
-
-
-class _Conn:
-    def __init__(self, address: str):
-        self.address = address
-        self.comm = None
-        self.batched: Writer | None = None
-        self.backlog: list[dict] = []
-        self.task: asyncio.Future | None = None
-
-
-class Mailbox:
-    """Sends actor messages from this process; methods named ``_on_*`` run on ``loop``."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, connection_args: dict, on_unsolicited):
-        self.loop = loop
-        self.connection_args = connection_args
-        self.id = uuid.uuid4().hex
-        self.on_unsolicited = on_unsolicited  # broadcast errors that are reported to us
-        self.dead: dict[str, str] = {}  # address -> cause
-        self.workers: dict[str, str] = {}  # address -> incarnation of the process there now
-        self.ended: dict[str, str] = {}  # incarnation -> cause, for processes since replaced
-        # (mesh id, position) -> messages sent to that actor and not yet answered; no zeros
-        self.inflight: Counter = Counter()
-        self.meshes: dict[str, Any] = {}  # actor meshes spawned from here, by id
-        self.closed = False
-        self.close_cause = ""
-        self._conns: dict[str, _Conn] = {}
-        self._pending: dict[str, Pending] = {}
-        self._lock = threading.Lock()
-        self._loop_thread: int | None = None
-        loop.call_soon_threadsafe(self._note_thread)
-
-    def _note_thread(self) -> None:
-        self._loop_thread = threading.get_ident()
-
-    def _soon(self, fn, *args) -> None:
-        if threading.get_ident() == self._loop_thread:
-            fn(*args)
-        else:
-            self.loop.call_soon_threadsafe(fn, *args)
-
-    # -- any thread ---------------------------------------------------------------------------
-    def send(self, msgs: list[tuple[str, dict]], pending: Pending | None = None) -> None:
-        """Send each ``(address, message)`` in order; ``pending`` collects the replies."""
-        if pending is not None:
-            msgs = [(a, {**m, "id": pending.id}) for a, m in msgs]
-            with self._lock:
-                self._pending[pending.id] = pending
-                self.inflight.update(pending.keys.values())
-        self._soon(self._on_send, msgs)
-
-    def cause_of(self, address: str, incarnation: str = "") -> str | None:
-        """Why the worker process at ``address`` (the one ``incarnation`` names, where given)
-        is gone; None while it lives."""
-        if incarnation in self.ended:
-            return self.ended[incarnation]
-        return self.dead.get(address)
-
-    def know_workers(self, workers: dict[str, str]) -> None:
-        """The worker processes now at these addresses (address -> incarnation). A new process
-        at the address of a dead one (a restart with fixed ports) is alive, while actors on
-        the old one stay dead for the reason it died."""
-
-        done = threading.Event()
-
-        def update() -> None:
-            try:
-                for address, incarnation in workers.items():
-                    previous = self.workers.get(address)
-                    self.workers[address] = incarnation
-                    if previous in (None, "", incarnation) or not incarnation:
-                        continue
-                    if address not in self.dead:
-                        self._on_dead(address, "its worker process was replaced")
-                    self.ended[previous] = self.dead.pop(address)
-            finally:
-                done.set()
-
-        self._soon(update)
-        done.wait(timeout=30)
-
-    def mark_dead(self, address: str, cause: str) -> None:
-        """Another signal (the scheduler removed the worker) that ``address`` is gone."""
-        self._soon(self._on_dead, address, cause)
-
-    def close(self, cause: str = "the cluster was shut down") -> None:
-        """Fail every pending call with ``cause`` (and every later one)."""
-        self.close_cause = cause
-        self.closed = True
-        self._soon(self._on_close)
-
-    # -- the loop ---------------------------------------------------------------------------------
-    def _on_send(self, msgs: list[tuple[str, dict]]) -> None:
-        for address, msg in msgs:
-            if address in self.dead or self.closed:
-                cause = self.dead.get(address, self.close_cause)
-                self._fail_one(address, msg.get("id"), cause)
-                continue
-            conn = self._conns.get(address)
-            if conn is None:
-                conn = self._conns[address] = _Conn(address)
-                conn.task = asyncio.ensure_future(self._serve(conn))
-            if conn.batched is None:
-                conn.backlog.append(msg)
-            else:
-                conn.batched.send(msg)
-
-    async def _serve(self, conn: _Conn) -> None:
-        cause = "its connection closed"
-        try:
-            conn.comm = await connect(conn.address, timeout=CONNECT_TIMEOUT, **self.connection_args)
-            await conn.comm.write({"op": ATTACH, "reply": False, "caller": self.id})
-            conn.batched = Writer(conn.comm)
-            if conn.backlog:
-                conn.batched.send(*conn.backlog)
-                conn.backlog = []
-            while True:
-                for msg in await conn.comm.read():
-                    self._on_message(msg)
-        except (CommClosedError, OSError) as e:
-            if conn.comm is None:
-                cause = f"the worker process cannot be reached ({e})"
-            else:
-                cause = f"the worker process is gone (its connection closed: {type(e).__name__})"
-        finally:
-            # Not when it was already taken away as dead (_on_dead, know_workers): the address
-            # may have a new worker process by now.
-            if self._conns.get(conn.address) is conn:
-                del self._conns[conn.address]
-                if not self.closed:
-                    self._on_dead(conn.address, cause)
-
-    def _on_message(self, msg: dict) -> None:
-        if "id" not in msg:
-            self.on_unsolicited(msg)
-            return
-        with self._lock:
-            pending = self._pending.get(msg["id"])
-            if pending is None or msg["r"] not in pending.targets:
-                return
-            self._settle(pending, msg["r"])
-        pending.on_reply(msg["r"], msg)
-
-    def _settle(self, pending: Pending, rank: int) -> None:
-        """``rank`` owes ``pending`` nothing more (called with the lock held)."""
-        del pending.targets[rank]
-        key = pending.keys.pop(rank, None)
-        if key is not None:
-            self.inflight[key] -= 1
-            if self.inflight[key] <= 0:
-                del self.inflight[key]
-        if not pending.targets:
-            del self._pending[pending.id]
-
-    def _on_dead(self, address: str, cause: str) -> None:
-        self.dead.setdefault(address, cause)
-        conn = self._conns.pop(address, None)
-        if conn is not None and conn.comm is not None:
-            conn.comm.abort()
-        if conn is not None:
-            for msg in conn.backlog:
-                self._fail_one(address, msg.get("id"), self.dead[address])
-        with self._lock:
-            hit = [p for p in self._pending.values() if address in p.targets.values()]
-        for pending in hit:
-            for rank in [r for r, a in pending.targets.items() if a == address]:
-                self._fail_one(address, pending.id, self.dead[address], rank)
-
-    def _fail_one(self, address: str, pid: str | None, cause: str, rank: int | None = None):
-        with self._lock:
-            pending = self._pending.get(pid) if pid else None
-            if pending is None:
-                return
-            ranks = (
-                [rank]
-                if rank is not None
-                else [r for r, a in pending.targets.items() if a == address]
-            )
-            ranks = [r for r in ranks if r in pending.targets]
-            for r in ranks:
-                self._settle(pending, r)
-        for r in ranks:
-            pending.on_lost(r, address, cause)
-
-    def _on_close(self) -> None:
-        for conn in list(self._conns.values()):
-            if conn.comm is not None:
-                conn.comm.abort()
-        self._conns.clear()
-        with self._lock:
-            left = list(self._pending.values())
-        for pending in left:
-            for rank, address in list(pending.targets.items()):
-                self._fail_one(address, pending.id, self.close_cause, rank)

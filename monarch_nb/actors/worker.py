@@ -1,10 +1,12 @@
 """Worker side of the actor API: the actors living in this worker process.
 
-Callers (the controller, other workers' actors) open a comm to the ``monarch_actors_attach``
-handler and keep it. The handler reads messages on the worker's event loop and hands each one to
-its actor's own thread, which runs an asyncio loop: a sync endpoint runs to completion there (one
-message at a time, in arrival order), an ``async def`` endpoint becomes a task on that loop. The
-worker's event loop itself never runs user code, so heartbeats keep flowing.
+Callers (the controller, other workers' actors) attach with a comm to the
+``monarch_actors_attach`` handler and keep it; their messages come on a data socket of their own
+(transport.py), which the worker's actor I/O thread reads, handing each message to its actor's
+own thread. That thread runs an asyncio loop: a sync endpoint runs to completion there (one
+message at a time, in arrival order), an ``async def`` endpoint becomes a task on that loop; it
+writes each reply itself. The worker's event loop never runs user code, so heartbeats keep
+flowing.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from distributed.core import Status
 
 from monarch_nb.actors import output as actors_output
 from monarch_nb.actors.actor import Context, Instance, Point, _context, endpoints_of
+from monarch_nb.actors.mailbox import ATTACH, Mailbox
 from monarch_nb.actors.output import ActorConsole, ActorOutbox
-from monarch_nb.actors.wire import ATTACH, Mailbox, Writer
+from monarch_nb.actors.transport import ActorWire, Channel, listen_host, server_ssl_context
 from monarch_nb.rank import capture, debugger
 
 PLUGIN_NAME = "monarch-actors"
@@ -69,23 +72,6 @@ class ActorPlugin(WorkerPlugin):
         worker.handlers[ATTACH] = _host.attach
 
 
-class Channel:
-    """One caller's comm to this worker; ``send`` may be called from any thread."""
-
-    def __init__(self, host: ActorHost, comm):
-        self.comm = comm
-        self.loop = host.loop
-        self.batched = Writer(comm)
-
-    def _send(self, msg: dict) -> None:
-        if not self.comm.closed():
-            self.batched.send(msg)
-
-    def send(self, msg: dict) -> None:
-        with contextlib.suppress(RuntimeError):  # the worker's loop is closing
-            self.loop.call_soon_threadsafe(self._send, msg)
-
-
 class ActorHost:
     """The actors of this worker process, by mesh id."""
 
@@ -93,6 +79,8 @@ class ActorHost:
         self.worker = worker
         self.loop = worker.loop.asyncio_loop
         self.actors: dict[str, ActorRunner] = {}
+        self.lock = threading.Lock()  # actors, against the I/O thread and the event loop
+        self._wire: ActorWire | None = None  # listening from the first caller on
         self._mailbox: Mailbox | None = None
         self._mailbox_lock = threading.Lock()
 
@@ -110,7 +98,7 @@ class ActorHost:
         this worker's log."""
         for runner in list(self.actors.values()):
             if runner.instance is not None and msg.get("mid") in runner.instance._children:
-                runner.owner._send({**msg, "mid": runner._id})  # the next hop finds its own
+                runner.owner.send({**msg, "mid": runner._id})  # the next hop finds its own
                 return
         if "out" in msg:
             actors_output.show(msg)
@@ -127,38 +115,68 @@ class ActorHost:
         )
 
     async def attach(self, comm, caller: str) -> Status:
-        channel = Channel(self, comm)
+        """A caller's attach comm: tell it where the data socket listens, then wait for the
+        comm's end, the sign that the caller is gone."""
+        if self._wire is None:
+            worker = self.worker
+            self._wire = ActorWire(
+                listen_host(worker), server_ssl_context(worker), self._dispatch, self._caller_gone
+            )
+        channel = self._wire.new_channel(caller, comm)
         try:
+            await comm.write({"port": self._wire.port, "token": self._wire.token})
             while True:
-                for msg in await comm.read():
-                    self._dispatch(channel, msg)
+                await comm.read()
         except (CommClosedError, OSError):
             pass
         finally:
-            # Actors die with the caller that spawned them (a controller that went away).
-            for mesh_id, runner in list(self.actors.items()):
-                if runner.owner is channel:
-                    del self.actors[mesh_id]
-                    runner.post(channel, {"op": "stop"})
+            self._wire.close_channel(channel)
+            self._caller_gone(channel)
         return Status.dont_reply
 
-    def _dispatch(self, channel: Channel, msg: dict[str, Any]) -> None:
-        op = msg["op"]
-        if op == "spawn":
-            runner = ActorRunner(self, channel, msg)
-            self.actors[msg["mesh"]] = runner
-            runner.post(channel, msg)
-            return
-        runner = self.actors.get(msg["mesh"])
-        if op == "stop":
-            self.actors.pop(msg["mesh"], None)
-        if runner is not None:
-            runner.post(channel, msg)
-        elif op == "stop":
-            channel._send({"id": msg["id"], "r": msg["r"], "ok": True, "v": None})
-        else:
-            error = _plain_error(f"{msg['where']}: no such actor here (its mesh was stopped)")
-            _reply(channel, channel, msg, error)
+    def _caller_gone(self, channel: Channel) -> None:
+        """Actors die with the caller that spawned them (a controller that went away)."""
+        with self.lock:
+            channel.closed = True
+            owned = [(k, r) for k, r in self.actors.items() if r.owner is channel]
+            for mesh_id, _ in owned:
+                del self.actors[mesh_id]
+        for _, runner in owned:
+            runner.post(channel, [{"op": "stop"}])
+
+    def forget(self, mesh_id: str, runner: ActorRunner) -> None:
+        with self.lock:
+            if self.actors.get(mesh_id) is runner:
+                del self.actors[mesh_id]
+
+    def _dispatch(self, channel: Channel, msgs: list[dict[str, Any]]) -> None:
+        """Messages from a caller, on the actor I/O thread: each actor gets its own in one
+        hand-over (a burst of broadcasts wakes its thread once)."""
+        per_runner: dict[ActorRunner, list[dict]] = {}
+        orphans = []
+        with self.lock:
+            for msg in msgs:
+                op = msg["op"]
+                if op == "spawn":
+                    if channel.closed:  # its caller left: nobody could use or stop it
+                        continue
+                    runner = self.actors[msg["mesh"]] = ActorRunner(self, channel, msg)
+                elif op == "stop":
+                    runner = self.actors.pop(msg["mesh"], None)
+                else:
+                    runner = self.actors.get(msg["mesh"])
+                if runner is None:
+                    orphans.append(msg)
+                else:
+                    per_runner.setdefault(runner, []).append(msg)
+        for runner, mine in per_runner.items():
+            runner.post(channel, mine)
+        for msg in orphans:
+            if msg["op"] == "stop":
+                channel.send({"id": msg["id"], "r": msg["r"], "ok": True, "v": None})
+            else:
+                error = _plain_error(f"{msg['where']}: no such actor here (its mesh was stopped)")
+                _reply(channel, channel, msg, error)
 
 
 class ActorRunner:
@@ -180,12 +198,16 @@ class ActorRunner:
         )
         self._thread.start()
 
-    def post(self, channel: Channel, msg: dict[str, Any]) -> None:
+    def post(self, channel: Channel, msgs: list[dict[str, Any]]) -> None:
         with contextlib.suppress(RuntimeError):  # stopped
-            self.loop.call_soon_threadsafe(self._handle, channel, msg)
+            self.loop.call_soon_threadsafe(self._handle_all, channel, msgs)
+
+    def _handle_all(self, channel: Channel, msgs: list[dict[str, Any]]) -> None:
+        for msg in msgs:
+            self._handle(channel, msg)
 
     def _send_output(self, events: list[dict]) -> None:
-        self.owner._send({"out": events, "r": self._rank, "mesh": self.name, "mid": self._id})
+        self.owner.send({"out": events, "r": self._rank, "mesh": self.name, "mid": self._id})
 
     def _main(self) -> None:
         capture.route_thread(self.output, ActorConsole(self.output))
@@ -239,7 +261,7 @@ class ActorRunner:
             reply = {"ok": True, "v": None}
         except BaseException as e:
             reply = self._failed(e)
-            self.host.loop.call_soon_threadsafe(self.host.actors.pop, msg["mesh"], None)
+            self.host.forget(msg["mesh"], self)
             self.loop.stop()
         self.output.end_call()
         _reply(channel, channel, msg, reply)
