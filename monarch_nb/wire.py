@@ -134,11 +134,12 @@ class FrameConn:
             frame = [memoryview(HEADER.pack(len(data))), memoryview(data)]
         with self.lock:
             if not self._unsent:
-                # TLS takes no MSG_DONTWAIT: its frames always go through the thread.
-                while frame and not self.tls:
+                while frame:
                     try:
-                        n = self.sock.send(frame[0], socket.MSG_DONTWAIT)
-                    except (BlockingIOError, InterruptedError):
+                        n = self._send_now(frame[0])
+                    except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError):
+                        break
+                    except ssl.SSLWantReadError:  # it needs the reading side: the thread waits
                         break
                     frame[0] = frame[0][n:]
                     if not len(frame[0]):
@@ -149,6 +150,15 @@ class FrameConn:
                     target=self._write_unsent, daemon=True, name="monarch-post"
                 ).start()
             self._unsent.extend(frame)
+
+    def _send_now(self, chunk) -> int:
+        """Write what the socket takes of ``chunk`` without waiting. A TLS socket is
+        non-blocking already; one that refuses is retried by the thread with the same bytes,
+        as OpenSSL requires."""
+        if self.tls:
+            with self._tls:
+                return self.sock.send(chunk)
+        return self.sock.send(chunk, socket.MSG_DONTWAIT)
 
     def _write_unsent(self) -> None:
         """The thread that writes what post() could not; it ends once everything is written

@@ -34,11 +34,8 @@ CONNECT_TIMEOUT = 10.0  # seconds to connect (and, with TLS, shake hands); the w
 
 # -- the worker's side ---------------------------------------------------------------------------
 class Channel:
-    """One caller's connection to this worker; ``send`` may be called from any thread. On
-    plain TCP it never blocks (``FrameConn.post``). Over TLS a post hands every frame to a new
-    thread, which cost more than the rest of a call, so there it writes at once, as the
-    engine's replies do: it waits only while the caller's socket is full, and the caller's
-    reader thread does nothing but empty it."""
+    """One caller's connection to this worker; ``send`` may be called from any thread and never
+    blocks (``FrameConn.post``)."""
 
     def __init__(self, caller: str, comm):
         self.caller = caller
@@ -50,10 +47,7 @@ class Channel:
         if self.closed or self.conn is None:
             return
         try:
-            if self.conn.tls:
-                self.conn.send([msg])
-            else:
-                self.conn.post([msg])
+            self.conn.post([msg])
         except OSError:
             self.closed = True  # the caller went away; the I/O thread drops the connection
 

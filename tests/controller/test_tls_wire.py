@@ -155,6 +155,21 @@ def test_tls_frames_posted_during_the_tickets_all_arrive(tls_pair):
     assert not lost
 
 
+def test_a_tls_post_with_room_is_written_at_once_without_a_thread(tls_pair, monkeypatch):
+    """Every request on a TLS cluster went through a thread started for it (a call cost
+    several times a plain one); now only what the socket cannot take does."""
+    handed: list = []
+    monkeypatch.setattr(FrameConn, "_write_unsent", lambda self: handed.append(self))
+    conn = tls_pair()
+    got: list = []
+    done = threading.Event()
+    threading.Thread(target=_read_until_answer, args=(conn, got, done), daemon=True).start()
+    conn.post({"op": "setup", "i": 1})
+    assert done.wait(10) and got == [[{"echo": {"op": "setup", "i": 1}}]]
+    assert handed == []
+    conn.close()
+
+
 def test_a_setup_that_never_arrives_fails_in_seconds_naming_the_rank(no_current, monkeypatch):
     monkeypatch.setattr(setup_wait, "PROBE_EVERY", 1.0)
     first = monarch_nb.up(workers=1, cpu=True, dist=False, tls=True, current=False)
