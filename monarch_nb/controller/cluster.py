@@ -217,6 +217,23 @@ WORKER_CONFIG = {
     "distributed.worker.memory.monitor-interval": "2s",
     "distributed.admin.system-monitor.interval": "2s",
 }
+# s between a local worker's heartbeats (Dask's scheduler asks 0.5 s of up to 10 workers): each
+# sends its metrics and the scheduler answers; a lost worker is noticed by its nanny and its
+# closed connections, not by missing heartbeats.
+HEARTBEAT = 1.0
+
+
+def _scheduler_class():
+    from distributed import Scheduler
+
+    class LocalScheduler(Scheduler):
+        def heartbeat_worker(self, **kwargs):
+            reply = super().heartbeat_worker(**kwargs)
+            if "heartbeat-interval" in reply:
+                reply["heartbeat-interval"] = max(reply["heartbeat-interval"], HEARTBEAT)
+            return reply
+
+    return LocalScheduler
 
 
 def _worker_config() -> dict:
@@ -236,7 +253,7 @@ def start_local(plans: list[WorkerPlan], threads: int = 1, security=None):
     TLS with its certificates; the dashboard stays plain HTTP, still on 127.0.0.1 only.
     """
     import dask
-    from distributed import Scheduler, SpecCluster
+    from distributed import SpecCluster
 
     forkserver.start()  # its imports run while the scheduler starts
     _quiet_dask_logs()
@@ -244,7 +261,7 @@ def start_local(plans: list[WorkerPlan], threads: int = 1, security=None):
     tls = {"security": security} if security is not None else {}
     config = _worker_config()
     scheduler = {
-        "cls": Scheduler,
+        "cls": _scheduler_class(),
         "options": {
             "host": "127.0.0.1",
             "port": 0,

@@ -21,6 +21,7 @@ from monarch_nb.controller.output import Renderer
 from monarch_nb.controller.results import CellError, Interrupted
 from monarch_nb.controller.targets import format_ranks
 from monarch_nb.errors import ClusterError
+from monarch_nb.rank import session
 
 DEFAULT_TIMEOUT = 30.0
 UNSTICK_WAIT = 3.0  # seconds for a rank waiting in a collective to notice its peers left
@@ -243,22 +244,32 @@ def _join(engine, backend: str, host: str, port: int, timeout: float) -> None:
     import torch.distributed as dist
 
     rank, world_size = engine.identity["rank"], engine.identity["world_size"]
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    _destroy()
     if rank == 0:
         store = _store["master"]
     else:
         store = dist.TCPStore(
             host, port, world_size, is_master=False, timeout=timedelta(seconds=timeout)
         )
-    dist.init_process_group(
-        backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout)
-    )
+    with session.coarse_timers():  # an idle group's gloo loop: ~30 wake-ups a second, not 100
+        dist.init_process_group(
+            backend,
+            store=store,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout),
+        )
+    session.quiet_pollers()  # where allowed: ~10
 
 
 def _leave(engine) -> None:
+    _destroy()
+    _store.pop("master", None)
+
+
+def _destroy() -> None:
     import torch.distributed as dist
 
     if dist.is_initialized():
+        session.quiet_pollers(None)  # gloo waits for its loop's wake-ups as it closes
         dist.destroy_process_group()
-    _store.pop("master", None)

@@ -139,6 +139,11 @@ class Engine:
                 # Taken but not yet running (being compiled, say): raised as it starts.
                 self._interrupt_pending = True
 
+    @property
+    def busy(self) -> bool:
+        """Whether the rank's thread runs a request now (telemetry samples it at full rate)."""
+        return self._current is not None
+
     def info(self, about: str | None = None) -> dict[str, Any]:
         """The rank's state; ``about`` a request id: whether it runs now, waits in the queue to
         be dropped (interrupted before it started), or neither (done, or never here)."""

@@ -17,11 +17,21 @@ kernel's group when the kernel is restarted or shut down. So each such worker ge
 small process in the worker's session that waits for the worker to go (``%monarch down``, a
 restart, the kernel's exit or death, a crash) and then ends every process left in the session,
 SIGTERM first and SIGKILL 2 s later.
+
+Some libraries' threads poll: gloo's network loop (the process group of CPU workers) waits in
+``epoll_wait`` for at most 10 ms, a hundred wake-ups a second for as long as the group lives,
+about half of an idle worker's CPU. A wider timer slack lets the kernel end such a thread's
+timeouts later and fold them into other wake-ups; what it waits for (a socket, a lock) still
+wakes it at once. A thread inherits the slack of the thread that starts it
+(``coarse_timers``, 20 ms), and a process allowed to may set another thread's
+(``quiet_pollers``, 100 ms). Gloo waits for its loop's wake-ups as it connects and closes: the
+group forms about 25 ms slower with the first, and is destroyed about 80 ms slower.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -47,9 +57,11 @@ def unblock_interrupts() -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
-# Run with ``python -S``: only the standard library's os, signal and time.
+# Run with ``python -S``: only the standard library's os, select, signal and time. It waits on
+# a pidfd (Linux 5.3), which is readable once the worker has exited, and polls only for the
+# moments until the worker is reaped, or where there is no pidfd.
 _KEEPER = """
-import os, signal, sys, time
+import os, select, signal, sys, time
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 worker, me = int(sys.argv[1]), os.getpid()
 
@@ -58,6 +70,13 @@ def gone():
         return os.getsid(worker) != worker  # a reused pid is in another session
     except OSError:
         return True
+
+try:
+    exited = os.pidfd_open(worker)
+except (AttributeError, OSError):
+    exited = None
+if exited is not None and not gone():  # gone() after opening: the pidfd is the worker's
+    select.select([exited], [], [])
 
 def left():
     pids = []
@@ -131,3 +150,54 @@ def _start_keeper() -> None:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+
+
+POLLERS = ("gloo_tcp_loop",)  # thread names (as the kernel has them) of threads that poll
+POLLER_SLACK_NS = 100_000_000
+INHERITED_SLACK_NS = 20_000_000
+_PR_SET_TIMERSLACK, _PR_GET_TIMERSLACK = 29, 30
+
+
+def _prctl(option: int, value: int = 0) -> int | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(option, ctypes.c_ulong(value), 0, 0, 0)
+    except (AttributeError, OSError):  # not Linux
+        return None
+
+
+@contextlib.contextmanager
+def coarse_timers(slack_ns: int = INHERITED_SLACK_NS):
+    """Threads started inside start with a timer slack of ``slack_ns``; the calling thread has
+    its own back on leaving."""
+    own = _prctl(_PR_GET_TIMERSLACK)
+    if own is None or own < 0:
+        yield
+        return
+    _prctl(_PR_SET_TIMERSLACK, slack_ns)
+    try:
+        yield
+    finally:
+        _prctl(_PR_SET_TIMERSLACK, own)
+
+
+def quiet_pollers(slack_ns: int | None = POLLER_SLACK_NS) -> int:
+    """Set the timer slack of this process's POLLERS threads to ``slack_ns`` (None: the
+    calling thread's own, as before ``coarse_timers``); how many were set. Only a process
+    allowed to (CAP_SYS_NICE, as root in a container is) may set another thread's: elsewhere
+    they keep what they have. Set once the group has formed, taken back before it is
+    destroyed."""
+    if slack_ns is None:
+        slack_ns = _prctl(_PR_GET_TIMERSLACK) or 0  # 0: the thread's default
+    count = 0
+    with contextlib.suppress(OSError):
+        tids = os.listdir("/proc/self/task")
+        for tid in tids:
+            with contextlib.suppress(OSError):
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    if f.read().strip() not in POLLERS:
+                        continue
+                # per thread: only under /proc/<tid>, not /proc/self/task/<tid>
+                with open(f"/proc/{tid}/timerslack_ns", "w") as f:
+                    f.write(str(slack_ns))
+                count += 1
+    return count

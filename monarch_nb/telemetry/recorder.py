@@ -1,5 +1,7 @@
 """``monarch_nb.log(step=..., loss=...)`` on a worker: its checks, and the Recorder that batches
-log() rows and the sampler's readings into one event per FLUSH_INTERVAL.
+log() rows and the sampler's readings into one event per FLUSH_INTERVAL. The first row or
+reading after a flush asks for the next one, FLUSH_INTERVAL later: an idle worker's event loop
+is not woken for flushes with nothing to send.
 
 Rows beyond MAX_ROWS_PER_FLUSH between two flushes are thinned evenly (``dropped`` counts them),
 so a tight loop of log() calls costs a bounded buffer and a bounded message rate. The
@@ -31,6 +33,9 @@ EXTENSION = "monarch-metrics"
 FLUSH_INTERVAL = 0.5  # s: each rank sends at most 1 / FLUSH_INTERVAL messages a second
 MAX_ROWS_PER_FLUSH = 1024  # log() rows a worker keeps between flushes; beyond: evenly thinned
 SAMPLES_PER_FLUSH = 64  # telemetry samples kept between flushes (many only if flushes stall)
+# Of one core, since the sampler last asked: above it the rank counts as busy (an actor's call,
+# a thread a cell left running). An idle worker uses well under 1%; any real work, far more.
+BUSY_CPU = 0.05
 
 
 def _scalar(key: str, value: Any) -> int | float:
@@ -141,16 +146,16 @@ class Recorder:
         self._next_step = 0
         self._monitor: telemetry.Monitor | None = None
         self._monitor_key: tuple | None = None
-        self._callback = None
-        self.sampler = telemetry.Sampler(self._read, self._add_sample, hz)
+        self._loop = None  # the worker's event loop, once started
+        self._flush_asked = False
+        self._cpu = (time.process_time(), time.monotonic())
+        self._device_busy = False  # the device was in use at the last reading
+        self.sampler = telemetry.Sampler(self._read, self._add_sample, hz, busy=self._busy)
         self.closed = False
 
     def start(self) -> None:
         """On the worker's event loop (a plugin's setup runs there)."""
-        from tornado.ioloop import PeriodicCallback
-
-        self._callback = PeriodicCallback(self.flush, self.flush_interval * 1000)
-        self._callback.start()
+        self._loop = self.worker.loop
         self.sampler.start()
         _recorders.append(self)
 
@@ -179,13 +184,32 @@ class Recorder:
 
     def _add_sample(self, sample: telemetry.Sample | None) -> None:
         if sample is not None:
+            self._device_busy = bool(sample.get("util"))
             with self._lock:
                 self._samples.append(sample)
+                self._ask_flush()
+
+    def _busy(self) -> bool:
+        """Whether the rank works now, so that the sampler reads at its full rate: a cell or a
+        call in the rank's thread, log() rows waiting, the device in use at the last reading,
+        or this process above BUSY_CPU since the last ask."""
+        cpu, now = time.process_time(), time.monotonic()
+        then_cpu, then = self._cpu
+        self._cpu = (cpu, now)
+        engine = self.worker.extensions.get("monarch")
+        return (
+            getattr(engine, "busy", False)  # a request in the rank's thread
+            or bool(self._rows)
+            or self._tail is not None
+            or self._device_busy
+            or cpu - then_cpu > BUSY_CPU * (now - then)
+        )
 
     # any thread
     def log(self, step: int | None, values: dict[str, int | float]) -> None:
         now = time.time()
         with self._lock:
+            self._ask_flush()
             if step is None:
                 step = self._next_step
             self._next_step = step + 1
@@ -225,7 +249,21 @@ class Recorder:
             "dropped": dropped,
         }
 
+    def _ask_flush(self) -> None:
+        """A flush FLUSH_INTERVAL from now, unless one is asked for already (under the lock)."""
+        if self._flush_asked or self._loop is None:
+            return
+        self._flush_asked = True
+        # thread-safe; dropped once the loop has closed
+        self._loop.add_callback(self._loop.call_later, self.flush_interval, self._asked_flush)
+
     # event loop
+    def _asked_flush(self) -> None:
+        with self._lock:
+            self._flush_asked = False
+        if not self.closed:
+            self.flush()
+
     def flush(self) -> None:
         msg = self.drain()
         if msg is not None:
@@ -239,8 +277,6 @@ class Recorder:
         if self.closed:
             return
         self.closed = True
-        if self._callback is not None:
-            self._callback.stop()
         self.sampler.stop()
         if self in _recorders:
             _recorders.remove(self)

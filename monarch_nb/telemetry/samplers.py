@@ -1,5 +1,6 @@
 """A rank's telemetry: the ``Sample`` schema, the Monitor that reads one from the rank's device
-probe (probes.py) and its process, and the Sampler thread that reads ``hz`` times a second.
+probe (probes.py) and its process, and the Sampler thread that reads ``hz`` times a second while
+its rank is busy and every IDLE_EVERY seconds while it is not.
 
 Every probe produces part of the same ``Sample``; a field a library cannot give is ``None``, and
 a library that is missing, fails to start or fails on a query degrades to fewer fields, never
@@ -23,6 +24,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_HZ = 2.0
 MAX_HZ = 50.0
+# s between readings of a rank that is not busy: at 2 Hz, the readings (psutil, the GPU's
+# library) and their messages to the scheduler were a third of an idle worker's CPU
+IDLE_EVERY = 5.0
 HZ_ENV = "MONARCH_NB_TELEMETRY_HZ"
 
 
@@ -130,15 +134,26 @@ def detect_device() -> dict[str, Any]:
 
 
 class Sampler:
-    """A daemon thread calling ``sink(read())`` ``hz`` times a second until ``stop()``.
+    """A daemon thread calling ``sink(read())`` ``hz`` times a second until ``stop()``; with
+    ``busy``, only while ``busy()`` says so, and every ``idle_every`` seconds otherwise.
 
-    ``cpu_seconds`` is the CPU time the thread itself has used (``time.thread_time``), which
-    is what the overhead budget (1% of a core) is measured against.
+    ``busy()`` is asked ``hz`` times a second, so a cell that starts is sampled within one
+    interval, as before; it must be cheap (no I/O). ``cpu_seconds`` is the CPU time the thread
+    itself has used (``time.thread_time``), which is what the overhead budget (1% of a core) is
+    measured against.
     """
 
-    def __init__(self, read: Callable[[], Any], sink: Callable[[Any], None], hz: float):
-        self.read, self.sink = read, sink
+    def __init__(
+        self,
+        read: Callable[[], Any],
+        sink: Callable[[Any], None],
+        hz: float,
+        busy: Callable[[], bool] | None = None,
+        idle_every: float = IDLE_EVERY,
+    ):
+        self.read, self.sink, self.busy = read, sink, busy
         self.interval = 1.0 / hz if hz > 0 else None
+        self.idle_every = idle_every
         self.cpu_seconds = 0.0
         self.samples = 0
         self._stop = threading.Event()
@@ -159,13 +174,22 @@ class Sampler:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    def _due(self, now: float, last: float | None) -> bool:
+        if last is None or now - last >= self.idle_every - self.interval / 2:
+            return True
+        return self.busy is None or bool(self.busy())
+
     def _run(self) -> None:
         start = time.thread_time()
         due = time.monotonic()
+        last = None
         while not self._stop.wait(max(0.0, due - time.monotonic())):
             try:
-                self.sink(self.read())
-                self.samples += 1
+                now = time.monotonic()
+                if self._due(now, last) and (value := self.read()) is not None:
+                    last = now  # None: nothing to read yet (a rank without its identity)
+                    self.sink(value)
+                    self.samples += 1
             except Exception:
                 if not self._failed:  # once: a broken sink would otherwise log twice a second
                     logger.exception("telemetry: sampling failed")

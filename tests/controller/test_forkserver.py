@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import os
+import time
 
 import dask
 import psutil
 from _wait import wait_for
 
 import monarch_nb
-from monarch_nb.controller import forkserver
+from monarch_nb.controller import cluster, forkserver
 
 
 def _parent_cmdline(engine) -> str:
@@ -75,3 +76,19 @@ def test_without_the_forkserver_workers_are_spawned(no_current, monkeypatch):
         assert ctl.call(lambda engine: os.getppid()).values() == [os.getpid()]
     finally:
         ctl.down()
+
+
+def _heartbeat_ms(engine) -> float:
+    return engine.worker.periodic_callbacks["heartbeat"].callback_time
+
+
+def _last_seen(dask_scheduler) -> list[float]:
+    return [ws.last_seen for ws in dask_scheduler.workers.values()]
+
+
+def test_local_workers_heartbeat_once_a_second(clean):
+    # Dask's scheduler asks for 0.5 s of a small cluster in its answer to each heartbeat
+    since = time.time()
+    assert wait_for(lambda: min(clean.client.run_on_scheduler(_last_seen)) > since, timeout=10)
+    want = [cluster.HEARTBEAT * 1000] * clean.world_size
+    assert wait_for(lambda: clean.call(_heartbeat_ms).values() == want, timeout=3)

@@ -153,6 +153,43 @@ def _worker_hz(engine):
     return engine.worker.extensions[on_worker.EXTENSION].hz
 
 
+SPIN_IN_A_THREAD = """
+import threading, time
+def spin():
+    end = time.time() + 3
+    while time.time() < end:
+        pass
+threading.Thread(target=spin, daemon=True).start()
+"""
+
+
+def test_idle_ranks_are_sampled_seldom_and_busy_ones_at_the_full_rate(clean, hub):
+    """Every IDLE_EVERY seconds while nothing runs (issue 24: an idle worker's CPU); at the
+    full rate while a cell runs, even one that waits, and while a thread a cell left computes."""
+
+    def counts(t0, t1):
+        return [
+            len([s for s in hub.samples(r) if t0 <= s["time"] < t1])
+            for r in range(clean.world_size)
+        ]
+
+    time.sleep(1)  # what ran before has ended
+    t0 = time.time()
+    time.sleep(4)
+    idle = counts(t0, time.time())
+    t1 = time.time()
+    clean.run("import time\ntime.sleep(3)", quiet=True)
+    t2 = time.time()
+    clean.run(SPIN_IN_A_THREAD, quiet=True)  # returns at once
+    time.sleep(3)
+    t3 = time.time()
+    hub.catch_up()
+    waiting, computing = counts(t1 + 0.6, t2), counts(t2 + 1.2, t3)
+    assert all(n <= 2 for n in idle), idle  # 2 Hz would be 8
+    assert all(n >= 3 for n in waiting), waiting  # 2 Hz for 2.4 s
+    assert all(n >= 2 for n in computing), computing  # 2 Hz for 1.8 s
+
+
 def test_scheduler_snapshot_is_json(ctl, hub):
     name = unique("gnorm")
     ctl.run(f"import monarch_nb\nmonarch_nb.log({name}=float('nan'), ok=1.5)", quiet=True)
@@ -326,6 +363,52 @@ def test_flush_sends_one_event_per_batch(recorder):
     assert topic == metrics.TOPIC
     assert msg["rank"] == 0 and msg["worker"] == "0" and len(msg["scalars"]) == 5
     assert msg["samples"] == [{"time": 1.0}] and msg["dropped"] == 0
+
+
+def test_the_first_row_after_a_flush_asks_for_the_next_and_an_idle_loop_sleeps(monkeypatch):
+    """No flush wakes an idle worker's event loop; a row (or a reading) has one sent
+    FLUSH_INTERVAL later, with everything that came meanwhile."""
+    import asyncio
+
+    from tornado.ioloop import IOLoop
+
+    box, ready = {}, threading.Event()
+
+    def run():
+        asyncio.set_event_loop(asyncio.new_event_loop())
+        box["loop"] = IOLoop.current()
+        ready.set()
+        box["loop"].start()
+
+    threading.Thread(target=run, daemon=True).start()
+    ready.wait(5)
+    worker = FakeWorker()
+    worker.loop = box["loop"]
+    rec = on_worker.Recorder(worker, hz=0, flush_interval=0.3, max_rows=8)
+    flushes = []
+    flush = rec.flush
+    rec.flush = lambda: flushes.append(time.monotonic()) or flush()
+    monkeypatch.setattr(on_worker, "_recorders", [])
+    started = threading.Event()
+    worker.loop.add_callback(lambda: (rec.start(), started.set()))  # as a plugin's setup runs
+    assert started.wait(5)  # the one recorder of this process
+    try:
+        time.sleep(0.8)
+        assert flushes == [] and worker.events == []
+        t0 = time.monotonic()
+        off_main(lambda: [on_worker.log(step=i, y=i) for i in range(5)])
+        assert wait_for(lambda: worker.events, timeout=5)
+        assert time.monotonic() - t0 >= 0.25
+        rec._add_sample({"time": 1.0})
+        assert wait_for(lambda: len(worker.events) == 2, timeout=5)
+        time.sleep(0.8)
+        assert len(flushes) == 2 and len(worker.events) == 2
+        first, second = (msg for _, msg in worker.events)
+        assert [row[0] for row in first["scalars"]] == [0, 1, 2, 3, 4]
+        assert second["samples"] == [{"time": 1.0}] and second["scalars"] == []
+    finally:
+        rec.close()
+        worker.loop.add_callback(worker.loop.stop)
 
 
 def test_store_is_bounded_whatever_the_rate():

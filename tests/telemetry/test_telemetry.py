@@ -4,6 +4,7 @@ paths with stand-ins for those libraries injected at the import boundary."""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 import types
 
@@ -60,6 +61,37 @@ def test_sampler_thread_rate_and_cpu_time():
 def test_zero_hz_starts_no_thread():
     sampler = telemetry.Sampler(lambda: 1, lambda s: None, hz=0).start()
     assert not sampler.alive
+
+
+def test_sampler_reads_at_its_rate_only_while_busy():
+    """Idle: one reading each ``idle_every`` (the first at once); busy: ``hz`` a second, from
+    the first interval on. ``None`` (nothing to read yet) is not a reading."""
+    busy = threading.Event()
+    got, asked = [], []
+
+    def read():
+        asked.append(time.monotonic())
+        return None if len(asked) == 1 else len(asked)
+
+    sampler = telemetry.Sampler(read, got.append, hz=20, busy=busy.is_set, idle_every=0.5)
+    sampler.start()
+    try:
+        time.sleep(1.2)
+        idle = len(got)
+        busy.set()
+        time.sleep(0.6)
+        during = len(got) - idle
+        busy.clear()
+        time.sleep(0.2)
+        marked = len(got)
+        time.sleep(0.6)
+        after = len(got) - marked
+    finally:
+        sampler.stop()
+    assert asked[1] - asked[0] < 0.2  # the None was not counted: asked again next interval
+    assert 2 <= idle <= 4, idle  # at ~0.05 s, then ~0.55 and ~1.05
+    assert during >= 6, during  # 20 Hz for 0.6 s, with slack for a loaded machine
+    assert after <= 2, after
 
 
 def test_rate_from_parameter_and_environment():
