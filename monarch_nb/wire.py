@@ -260,3 +260,14 @@ def _wait(sock: socket.socket, events: int, timeout: float) -> bool:
     poller = select.poll()
     poller.register(fd, events)
     return bool(poller.poll(timeout * 1000))
+
+
+def sent_after(request_id: str | None, mark: str) -> bool:
+    """Whether request ``request_id`` was made after ``mark`` by the same controller process
+    (ids are ``kind-N-P``: controller/links.py's ``new_id``)."""
+    try:
+        _, n, process = (request_id or "").rsplit("-", 2)
+        _, n_mark, process_mark = mark.rsplit("-", 2)
+        return process == process_mark and int(n) > int(n_mark)
+    except ValueError:
+        return False

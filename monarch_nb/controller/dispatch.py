@@ -191,9 +191,9 @@ def send_interrupt(ctl: Controller, ranks: Iterable[int], target: str | None = N
         raise ClusterError("this cluster is down, and its cells ended with it")
     try:
         for rank in ranks:
-            ctl._loop.call_soon_threadsafe(
-                ctl._links[rank].control, {"op": "interrupt", "target": target}
-            )
+            link = ctl._links[rank]
+            msg = {"op": "interrupt", "target": target, "sent": link.last_sent}
+            ctl._loop.call_soon_threadsafe(link.control, msg)
     except RuntimeError:  # the client's event loop is closed: the client is gone
         raise ClusterError(ctl._scheduler_gone()) from None
 

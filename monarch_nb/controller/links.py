@@ -32,6 +32,7 @@ _PROCESS = uuid.uuid4().hex[:6]  # ids stay unique across controllers a rank has
 
 
 def new_id(kind: str) -> str:
+    """``kind-N-P``: N counts up in this process, P names it (wire.sent_after reads both)."""
     return f"{kind}-{next(_ids)}-{_PROCESS}"
 
 
@@ -141,6 +142,9 @@ class Link:
         self._gone = False
         self._lock = threading.Lock()
         self.read_lock = threading.Lock()  # a feed and the delivery of what it read
+        # The newest request sent on the data path: an interrupt of "whatever runs" spares
+        # requests sent after it, which its other path (the control comm) may arrive behind.
+        self.last_sent = new_id("none")
 
     async def open(self, controller: str, connection_args: dict[str, Any]) -> None:
         """The handshake: attach over the control comm, then connect the data path."""
@@ -191,6 +195,7 @@ class Link:
             if self.conn is None or self._gone:
                 raise ConnectionError("not connected")
             self.conn.post(msg)  # never blocks: see FrameConn.post
+            self.last_sent = msg.get("id", self.last_sent)
         except OSError as e:
             self.router.deliver(
                 self.info.rank,

@@ -39,6 +39,7 @@ from monarch_nb.rank.capture import Console, install_routers
 from monarch_nb.rank.cells import compile_cell, format_error, pack, plain_error
 from monarch_nb.rank.display import display, install_display
 from monarch_nb.rank.engine_io import Channel, Wire
+from monarch_nb.wire import sent_after
 
 PLUGIN_NAME = "monarch-engine"
 IDENTITY = ("rank", "world_size", "local_rank", "host", "device", "display", "get_ipython")
@@ -112,7 +113,7 @@ class Engine:
 
     def _control(self, channel: Channel, msg: dict[str, Any]) -> None:
         if msg["op"] == "interrupt":
-            self.interrupt(msg.get("target"))
+            self.interrupt(msg.get("target"), msg.get("sent"))
         elif msg["op"] == "info":
             info = self.info(msg.get("about"))
             channel.reply({"ev": "done", "id": msg["id"], "status": "ok", "info": info})
@@ -121,9 +122,13 @@ class Engine:
         elif msg["op"] == "stacks":  # %monarch stacks: this thread may be blocked in C
             rank_stacks.answer(self, channel, msg)
 
-    def interrupt(self, cell_id: str | None = None) -> None:
-        """Raise KeyboardInterrupt in the running cell (or drop ``cell_id`` if still queued)."""
+    def interrupt(self, cell_id: str | None = None, sent: str | None = None) -> None:
+        """Raise KeyboardInterrupt in the running cell (or drop ``cell_id`` if still queued).
+        ``sent``: the newest request its controller had sent when it asked; one it sent later
+        is spared (the interrupt came on the control comm, behind it)."""
         with self._lock:
+            if cell_id is None and sent is not None and sent_after(self._current, sent):
+                return
             if cell_id is not None and cell_id != self._current:
                 # Still to come (or already done): drop it when it arrives.
                 self._cancelled[cell_id] = None

@@ -333,6 +333,14 @@ def test_timeout_interrupts_and_names_the_ranks(clean):
     assert clean.run("rank").values() == [0, 1]
 
 
+def test_an_interrupt_of_idle_ranks_spares_the_cell_sent_right_after(clean):
+    # The interrupt travels on the control comm, the cell on the data path, which is faster:
+    # the cell must not be taken for what ran when the interrupt was asked for.
+    for _ in range(10):
+        assert clean.interrupt() == [0, 1]
+        assert clean.run("import time\ntime.sleep(0.05)\nrank").values() == [0, 1]
+
+
 def test_noblock_handle(clean, capsys):
     handle = clean.run("import time\ntime.sleep(0.5)\nprint('finished')\nrank", block=False)
     assert not handle.done()
