@@ -127,6 +127,10 @@ def test_a_connect_that_fails_closes_the_cluster_its_factory_made(no_current, fa
 def test_wait_bounds_the_wait_for_workers_and_leaves_a_joined_cluster_up(
     no_current, local_cluster, capsys
 ):
+    # Both of the cluster's workers registered first: what the message counts is then certain.
+    deadline = time.monotonic() + 30
+    while len(local_cluster.scheduler_info["workers"]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     start = time.monotonic()
     with pytest.raises(monarch_nb.ClusterError, match=r"only 2 of 3 workers joined within 2\.5 s"):
         monarch_nb.connect(local_cluster.scheduler_address, workers=3, wait=2.5, dist=False)
