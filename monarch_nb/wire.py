@@ -284,3 +284,27 @@ def sent_after(request_id: str | None, mark: str) -> bool:
         return process == process_mark and int(n) > int(n_mark)
     except ValueError:
         return False
+
+
+def accept_forever(listener: socket.socket, ssl_context, timeout: float, on_hello, what: str):
+    """Accept connections on ``listener`` one at a time (TLS with ``ssl_context``), read each
+    one's first message within ``timeout`` seconds and hand ``(conn, hello)`` to ``on_hello``,
+    which checks it; one that fails its handshake is closed and logged (``what`` it was).
+    Returns once the listener is closed. The engine's and the actors' listeners both run it."""
+    while True:
+        try:
+            sock, _ = listener.accept()
+        except OSError:
+            return
+        try:
+            if ssl_context is not None:
+                sock.settimeout(timeout)
+                sock = ssl_context.wrap_socket(sock, server_side=True)
+            conn = FrameConn(sock)
+            hello = conn.recv_one(timeout)
+        except (OSError, ValueError, EOFError) as e:
+            logger.info("monarch_nb: refused %s: %s", what, e)
+            with contextlib.suppress(OSError):
+                sock.close()
+            continue
+        on_hello(conn, hello)

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from monarch_nb.wire import FrameConn
+from monarch_nb.wire import FrameConn, accept_forever
 
 logger = logging.getLogger("monarch_nb.actors")
 
@@ -98,25 +98,15 @@ class ActorWire:
             channel.conn.shutdown()  # the I/O thread sees the end and closes the socket
 
     def _acceptor(self) -> None:
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except OSError:
-                return
-            self._handshake(sock)
+        accept_forever(
+            self.listener,
+            self.ssl_context,
+            HANDSHAKE_TIMEOUT,
+            self._hello,
+            "an actor data connection",
+        )
 
-    def _handshake(self, sock: socket.socket) -> None:
-        try:
-            if self.ssl_context is not None:
-                sock.settimeout(HANDSHAKE_TIMEOUT)
-                sock = self.ssl_context.wrap_socket(sock, server_side=True)
-            conn = FrameConn(sock)
-            hello = conn.recv_one(HANDSHAKE_TIMEOUT)
-        except (OSError, ValueError, EOFError) as e:
-            logger.info("monarch_nb: refused an actor data connection: %s", e)
-            with contextlib.suppress(OSError):
-                sock.close()
-            return
+    def _hello(self, conn: FrameConn, hello: Any) -> None:
         caller = hello.get("caller") if isinstance(hello, dict) else None
         with self._lock:
             channel = self.channels.get(caller)

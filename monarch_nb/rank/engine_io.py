@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from monarch_nb.rank.capture import Outbox
-from monarch_nb.wire import FrameConn
+from monarch_nb.wire import FrameConn, accept_forever
 
 logger = logging.getLogger("monarch_nb")
 
@@ -144,25 +144,11 @@ class Wire:
                     self.inbox.extend((channel, m) for m in msgs)
 
     def _acceptor(self) -> None:
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except OSError:
-                return
-            self._handshake(sock)
+        accept_forever(
+            self.listener, self.ssl_context, HANDSHAKE_TIMEOUT, self._hello, "a data connection"
+        )
 
-    def _handshake(self, sock: socket.socket) -> None:
-        try:
-            if self.ssl_context is not None:
-                sock.settimeout(HANDSHAKE_TIMEOUT)
-                sock = self.ssl_context.wrap_socket(sock, server_side=True)
-            conn = FrameConn(sock)
-            hello = conn.recv_one(HANDSHAKE_TIMEOUT)
-        except (OSError, ValueError, EOFError) as e:
-            logger.info("monarch_nb: refused a data connection: %s", e)
-            with contextlib.suppress(OSError):
-                sock.close()
-            return
+    def _hello(self, conn: FrameConn, hello: Any) -> None:
         channel = self.channels.get(hello.get("controller")) if isinstance(hello, dict) else None
         if channel is None or hello.get("token") != self.token:
             logger.warning("monarch_nb: refused a data connection without a valid token")
