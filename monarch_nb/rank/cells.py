@@ -33,7 +33,7 @@ def compile_cell(
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     compiled = _compiled.get(code)
     if compiled is None:
-        compiled = _compile(code)
+        compiled = _compile(code, filename)  # a SyntaxError names this cell
         if len(_compiled) >= COMPILED_KEPT:
             _compiled.pop(next(iter(_compiled)))
         _compiled[code] = compiled
@@ -47,12 +47,12 @@ COMPILED_KEPT = 256
 _compiled: dict[str, tuple[types.CodeType, types.CodeType | None]] = {}
 
 
-def _compile(code: str) -> tuple[types.CodeType, types.CodeType | None]:
-    tree = ast.parse(code, CELL_PREFIX)
+def _compile(code: str, filename: str) -> tuple[types.CodeType, types.CodeType | None]:
+    tree = ast.parse(code, filename)
     last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
     flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
-    body = compile(tree, CELL_PREFIX, "exec", flags=flags)
-    expr = compile(ast.Expression(last.value), CELL_PREFIX, "eval", flags=flags) if last else None
+    body = compile(tree, filename, "exec", flags=flags)
+    expr = compile(ast.Expression(last.value), filename, "eval", flags=flags) if last else None
     return body, expr
 
 

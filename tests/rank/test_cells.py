@@ -97,3 +97,10 @@ def test_a_cell_run_again_is_named_after_its_own_run():
     assert any('"<monarch cell 42>", line 2' in line for line in lines), lines
     assert not any("cell 41" in line for line in lines), lines
     assert inspect.getsource(f1).startswith("def f():")
+
+
+def test_a_syntax_error_on_the_rank_names_its_cell():
+    # The controller parses first; a rank on another Python may still refuse a cell.
+    with pytest.raises(SyntaxError) as info:
+        cells.compile_cell({"code": "x = (", "n": 43})
+    assert info.value.filename == "<monarch cell 43>"
