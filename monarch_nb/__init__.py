@@ -4,33 +4,87 @@
 ``monarch_nb.connect()`` do the same from plain Python.
 """
 
-from monarch_nb.actors import (
-    Actor,
-    ActorError,
-    ActorMesh,
-    ProcMesh,
-    SupervisionError,
-    context,
-    current_rank,
-    current_size,
-    endpoint,
-    proc_mesh,
-)
-from monarch_nb.controller.controller import Controller
-from monarch_nb.controller.handles import CellHandle
-from monarch_nb.controller.results import (
-    CellError,
-    CellTimeout,
-    RemoteError,
-    UnserializableResult,
-    ValueMesh,
-)
-from monarch_nb.controller.start import connect, up
-from monarch_nb.controller.targets import TargetError, parse_targets
-from monarch_nb.errors import ClusterError, current
-from monarch_nb.notebook.bokeh_display import show
-from monarch_nb.telemetry.metrics import history
-from monarch_nb.telemetry.recorder import log
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+# Each public name and the module it comes from, imported when first used: a worker (and the
+# forkserver it is forked from) imports this package for the engine and never needs the
+# controller, the magics or IPython, which an eager import here gave every worker to import.
+_EXPORTS = {
+    "monarch_nb.actors": (
+        "Actor",
+        "ActorError",
+        "ActorMesh",
+        "ProcMesh",
+        "SupervisionError",
+        "context",
+        "current_rank",
+        "current_size",
+        "endpoint",
+        "proc_mesh",
+    ),
+    "monarch_nb.controller.controller": ("Controller",),
+    "monarch_nb.controller.handles": ("CellHandle",),
+    "monarch_nb.controller.results": (
+        "CellError",
+        "CellTimeout",
+        "RemoteError",
+        "UnserializableResult",
+        "ValueMesh",
+    ),
+    "monarch_nb.controller.start": ("connect", "up"),
+    "monarch_nb.controller.targets": ("TargetError", "parse_targets"),
+    "monarch_nb.errors": ("ClusterError", "current"),
+    "monarch_nb.notebook.bokeh_display": ("show",),
+    "monarch_nb.telemetry.metrics": ("history",),
+    "monarch_nb.telemetry.recorder": ("log",),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+
+if TYPE_CHECKING:
+    from monarch_nb.actors import (
+        Actor,
+        ActorError,
+        ActorMesh,
+        ProcMesh,
+        SupervisionError,
+        context,
+        current_rank,
+        current_size,
+        endpoint,
+        proc_mesh,
+    )
+    from monarch_nb.controller.controller import Controller
+    from monarch_nb.controller.handles import CellHandle
+    from monarch_nb.controller.results import (
+        CellError,
+        CellTimeout,
+        RemoteError,
+        UnserializableResult,
+        ValueMesh,
+    )
+    from monarch_nb.controller.start import connect, up
+    from monarch_nb.controller.targets import TargetError, parse_targets
+    from monarch_nb.errors import ClusterError, current
+    from monarch_nb.notebook.bokeh_display import show
+    from monarch_nb.telemetry.metrics import history
+    from monarch_nb.telemetry.recorder import log
+
+
+def __getattr__(name: str):
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'monarch_nb' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "Actor",
@@ -65,12 +119,17 @@ __all__ = [
 
 
 def load_ipython_extension(ipython) -> None:
+    from monarch_nb.controller import forkserver
+
+    forkserver.warm()  # first: the workers' imports run while the magics' do, and after
     from monarch_nb.notebook.magic import load
 
     load(ipython)
 
 
 def unload_ipython_extension(ipython) -> None:
+    from monarch_nb.controller import forkserver
     from monarch_nb.notebook.magic import unload
 
     unload(ipython)
+    forkserver.release_unclaimed()

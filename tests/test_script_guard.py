@@ -76,15 +76,16 @@ def test_an_unguarded_script_stops_in_one_line_before_any_worker(tmp_path, body)
 
 
 def test_workers_started_by_fork_do_not_import_the_script(tmp_path):
-    """Only spawn and forkserver run the script again, so under fork an unguarded up() goes on
-    (and here stops at its own argument check, starting nothing)."""
+    """Only spawn and forkserver run the script again, so under fork (Dask's, with our
+    forkserver off) an unguarded up() goes on (and here stops at its own argument check,
+    starting nothing); with the forkserver on, up's workers come from it, and it is refused."""
     source = "import monarch_nb\n\nmonarch_nb.up(workers=0)\n"
-    proc, _ = _script(
-        tmp_path, source, env={"DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD": "fork"}
-    )
+    fork = {"DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD": "fork"}
+    proc, _ = _script(tmp_path, source, env={**fork, "MONARCH_NB_FORKSERVER": "0"})
     assert "--workers must be at least 1" in proc.stderr.splitlines()[-1], proc.stderr
-    proc, _ = _script(tmp_path, source)
-    assert "ClusterError" in proc.stderr.splitlines()[-1], proc.stderr
+    for env in (fork, {}):
+        proc, _ = _script(tmp_path, source, env=env)
+        assert "ClusterError" in proc.stderr.splitlines()[-1], proc.stderr
 
 
 def test_a_spawned_process_importing_the_script_starts_nothing(tmp_path):

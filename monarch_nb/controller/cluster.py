@@ -252,10 +252,10 @@ def start_local(plans: list[WorkerPlan], threads: int = 1, security=None):
     With a ``distributed.Security`` every comm (scheduler, nannies, workers, the client) speaks
     TLS with its certificates; the dashboard stays plain HTTP, still on 127.0.0.1 only.
     """
+    forkserver.start()  # first: its imports run while this process imports Dask and starts
     import dask
     from distributed import SpecCluster
 
-    forkserver.start()  # its imports run while the scheduler starts
     _quiet_dask_logs()
     protocol = "tls" if security is not None else "tcp"
     tls = {"security": security} if security is not None else {}

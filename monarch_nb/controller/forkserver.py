@@ -2,30 +2,42 @@
 
 A worker process started afresh (multiprocessing's ``spawn``, Dask's default) imports Dask,
 torch and the engine by itself: 4 workers on 2 cores take about 4 imports' time, twice over.
-Forked from multiprocessing's forkserver, which imports them once (its preload) while this
-process starts the scheduler, each worker starts with them already imported. Nothing in the
-forkserver touches a GPU (importing torch does not), so each forked worker still picks its own
+Forked from multiprocessing's forkserver, which imports them once (its preload, rank/preload.py:
+with the garbage collector off, and what they made frozen) while this process starts the
+scheduler, each worker starts with them already imported. Nothing in the forkserver touches a
+GPU (importing torch does not), so each forked worker still picks its own
 GPU, through the pinning variable its nanny sets in it.
 
-The forkserver is started from ``up``'s thread, which blocks SIGINT (session.py): the workers
-forked from it start with SIGINT blocked, as spawned ones do. It is let go of when a local
-cluster closes (it exits once the last process forked from it has), and started afresh when
-this process's stdout or stderr is no longer what it was (workers inherit them);
-``MONARCH_NB_FORKSERVER=0`` turns it off (workers are spawned, as Dask does by default).
+The forkserver is started by ``%load_ext monarch_nb`` (``warm``), so that by the time the user
+runs ``%monarch up`` its imports are done, or else by ``up``; either from a thread that blocks
+SIGINT (session.py): the workers forked from it start with SIGINT blocked, as spawned ones do.
+One that no local cluster asked for within WARM_FOR seconds is let go of (its 250 MiB back),
+as is one when the extension is unloaded or the notebook joins another cluster. It is let go
+of when a local cluster closes (it exits once the last process forked from it has), and started
+afresh when this process's stdout or stderr is no longer what it was (workers inherit them).
+``MONARCH_NB_FORKSERVER=up`` leaves it to ``up``; ``MONARCH_NB_FORKSERVER=0`` turns it off
+(workers are spawned, as Dask does by default).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import multiprocessing
 import os
+import sys
 import threading
 
-PRELOAD = ["distributed", "torch", "monarch_nb.rank.engine"]
+PRELOAD = ["monarch_nb.rank.preload"]  # Dask, torch and the engine: rank/preload.py
 METHOD_KEY = "distributed.worker.multiprocessing-method"
+ENVIRON_KEY = "distributed.nanny.pre-spawn-environ"
+
+WARM_FOR = 600.0  # seconds a forkserver that %load_ext started waits for a local cluster
+DASK_HASH_SEED = "6640"  # the PYTHONHASHSEED Dask's nanny gives its workers where none is set
 
 _lock = threading.Lock()
-_outputs: tuple = ()  # what fds 1 and 2 of this process were when ours started
+_claimed = False  # whether a local cluster forks its workers from the running forkserver
+_inherited: tuple = ()  # fds 1 and 2 of this process and its environment when ours started
 
 
 def _server():
@@ -41,38 +53,125 @@ def enabled() -> bool:
     )
 
 
-def start() -> bool:
-    """Start the forkserver, importing PRELOAD, unless one runs already; whether workers
-    should be forked from it. Returns at once: the imports run while the scheduler starts."""
-    global _outputs
-    if not enabled():
-        return False
-    import dask
+def warm() -> None:
+    """Start the forkserver now, ahead of ``up``, from a thread of its own (this returns at
+    once): ``%load_ext`` calls it, so that its imports run while the user writes the next cell.
+    Let go of if no local cluster has asked for it within WARM_FOR seconds, or when the
+    extension is unloaded or the notebook joins another cluster (``release_unclaimed``)."""
+    if enabled() and os.environ.get("MONARCH_NB_FORKSERVER", "1") != "up":
+        threading.Thread(target=_warm, name="monarch-forkserver-warm", daemon=True).start()
 
-    # What each nanny puts in this process's environment before it starts a worker (so that
-    # e.g. OMP_NUM_THREADS=1 is there before the interpreter starts): needed before the
-    # forkserver starts and imports torch, for every worker forked from it.
-    env = dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {}
-    os.environ.update({k: str(v) for k, v in env.items()})
+
+def _warm() -> None:
+    from monarch_nb.rank import session
+
+    session.block_interrupts()  # as in up's thread: the workers start with SIGINT blocked
+    pid = _start(claim=False)
+    if pid is not None:
+        timer = threading.Timer(WARM_FOR, _release, args=(pid,))
+        timer.name, timer.daemon = "monarch-forkserver-warm", True
+        timer.start()
+
+
+def release_unclaimed() -> None:
+    """Let go of a forkserver that ``warm`` started and no local cluster has asked for."""
+    _release(None)
+
+
+def _release(pid: int | None) -> None:
+    with _lock:
+        server = _server()
+        running = getattr(server, "_forkserver_pid", None)
+        if _ours(server) and not _claimed and running is not None and pid in (None, running):
+            _let_go(server)
+
+
+def start() -> bool:
+    """Start the forkserver, importing PRELOAD, unless one runs already (``warm`` may have
+    started it); whether workers should be forked from it. Returns at once: the imports run
+    while the scheduler starts."""
+    return _start(claim=True) is not None
+
+
+def _start(claim: bool) -> int | None:
+    """The pid of our forkserver, started if need be; None where it is off. ``claim``: a local
+    cluster forks its workers from it (a warm one unclaimed is let go of after a while)."""
+    global _inherited, _claimed
+    if not enabled():
+        return None
+    extra = _spawn_environ()
     server = _server()
     with _lock:
         running = getattr(server, "_forkserver_pid", None) is not None
-        if running and _ours(server) and _outputs != _current_outputs():
-            # A worker writes (outside cells) to the stdout and stderr it inherits: this
-            # process's as they are now, as a spawned worker's are, not as they were when the
-            # forkserver started (pytest's capfd, a redirected kernel).
+        if running and _ours(server) and _inherited != _inheritance():
+            # A worker writes (outside cells) to the stdout and stderr it inherits, and reads
+            # the environment it inherits: this process's as they are now, as a spawned
+            # worker's are, not as they were when the forkserver started (pytest's capfd, a
+            # redirected kernel, a variable the user set after %load_ext).
             _let_go(server)
             running = False
         if not running:
             server.set_forkserver_preload(PRELOAD)
-            server.ensure_running()
-            _outputs = _current_outputs()
+            inherited = _inheritance()
+            with _environ(extra):
+                server.ensure_running()
+            _inherited = inherited
+        _claimed = _claimed or claim
+        pid = server._forkserver_pid
     # Dask sets its own preload list (importing it here, on the event loop) the first time it
     # forks a worker, unless told it has: ours stays, also for a forkserver started later.
     import distributed.utils
 
     distributed.utils._forkserver_preload_set = True
-    return True
+    return pid
+
+
+def _spawn_environ() -> dict[str, str]:
+    """What each nanny puts in this process's environment before it starts a worker (e.g.
+    OMP_NUM_THREADS=1, read as torch loads), as the nanny does it: a variable already set
+    stays, and string hashing is seeded alike in every worker. The forkserver needs it as it
+    starts, for every worker forked from it."""
+    extra = {k: str(v) for k, v in _pre_spawn_environ().items() if k not in os.environ}
+    if os.environ.get("PYTHONHASHSEED") in (None, "0"):
+        extra["PYTHONHASHSEED"] = DASK_HASH_SEED
+    return extra
+
+
+@contextlib.contextmanager
+def _environ(extra: dict[str, str]):
+    """``extra`` in this process's environment while the forkserver is started: only there,
+    so that ``%load_ext`` (which starts it) leaves the notebook's own environment alone."""
+    saved = {key: os.environ.get(key) for key in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _pre_spawn_environ() -> dict:
+    """Dask's ``distributed.nanny.pre-spawn-environ``, without importing Distributed (half a
+    second, which the forkserver would wait for): its defaults reach Dask's config when it is
+    imported, so until then they are read from its ``distributed.yaml``, under the user's."""
+    import dask
+
+    env = dask.config.get(ENVIRON_KEY, default=None) or {}
+    if "distributed" in sys.modules:
+        return env
+    spec = importlib.util.find_spec("distributed")
+    if spec is None or not spec.submodule_search_locations:
+        return env
+    import yaml
+
+    with open(os.path.join(spec.submodule_search_locations[0], "distributed.yaml")) as f:
+        defaults = yaml.safe_load(f)
+    for key in ENVIRON_KEY.split("."):
+        defaults = (defaults or {}).get(key)
+    return {**(defaults or {}), **env}
 
 
 def _ours(server) -> bool:
@@ -81,8 +180,9 @@ def _ours(server) -> bool:
     return list(getattr(server, "_preload_modules", None) or ()) == PRELOAD
 
 
-def _current_outputs() -> tuple:
-    """What fds 1 and 2 of this process are (device and inode)."""
+def _inheritance() -> tuple:
+    """What a process started now inherits from this one: what fds 1 and 2 are (device and
+    inode) and the environment."""
     found = []
     for fd in (1, 2):
         try:
@@ -90,7 +190,7 @@ def _current_outputs() -> tuple:
             found.append((st.st_dev, st.st_ino))
         except OSError:
             found.append(None)
-    return tuple(found)
+    return tuple(found), dict(os.environ)
 
 
 def stop() -> None:
@@ -118,6 +218,8 @@ def _let_go(server) -> None:
         if pid is None or alive is None:
             return
         server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
+        global _claimed
+        _claimed = False
         with contextlib.suppress(OSError):
             os.close(alive)
         if address and not util.is_abstract_socket_namespace(address):

@@ -54,6 +54,12 @@ def _frames() -> list[FrameType]:
 
 
 def _method() -> str:
+    """How ``up``'s workers will start: from the forkserver where that is on (importing
+    Distributed here to learn Dask's own choice would hold up its start by half a second)."""
+    from monarch_nb.controller import forkserver
+
+    if forkserver.enabled():
+        return "forkserver"
     import dask
     import distributed  # noqa: F401 (its defaults enter dask's config on import)
 

@@ -13,15 +13,17 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from monarch_nb.controller import cluster as clusters
-from monarch_nb.controller import joining, script_guard
-from monarch_nb.controller.controller import Controller
+from monarch_nb.controller import forkserver, joining, script_guard
 from monarch_nb.controller.results import Interrupted
 from monarch_nb.errors import ClusterError, set_current
 from monarch_nb.errors import current as current_controller
 from monarch_nb.rank import session
+
+if TYPE_CHECKING:
+    from monarch_nb.controller.controller import Controller
 
 # Held while an up or connect that will be current runs: two at once (threads of the notebook)
 # would each find no cluster up and start one, and down would close only the later one.
@@ -75,11 +77,14 @@ def up(
         plans = clusters.plan_workers(
             clusters.detect_gpus(), workers=workers, cpu=cpu, threads=threads
         )
-        from distributed import Client
-
         security = clusters.temporary_security() if tls else None
+        # Started first: the forkserver's imports run while this process imports the rest.
         cluster = _start_local(plans, threads, security)
         try:
+            from distributed import Client
+
+            from monarch_nb.controller.controller import Controller
+
             client = Client(cluster, set_as_default=False, security=security)
             ctl = Controller(
                 client,
@@ -207,6 +212,8 @@ def connect(
         owns = isinstance(cluster, str)
         if owns:
             cluster = clusters.load_factory(cluster)
+        from monarch_nb.controller.controller import Controller
+
         with _closed_on_error(cluster if owns else None):
             client = _client(address, scheduler_file, cluster, timeout, security)
             expected = workers
@@ -227,6 +234,7 @@ def connect(
                 raise
         if current:
             set_current(ctl)
+            forkserver.release_unclaimed()  # %load_ext's, warm for an up that will not come
         return ctl
 
 

@@ -4,10 +4,14 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import dask
+import distributed  # noqa: F401 (its defaults enter Dask's config)
 import psutil
+import pytest
 from _wait import wait_for
 
 import monarch_nb
@@ -67,6 +71,49 @@ def test_workers_are_forked_from_a_forkserver_that_down_stops(no_current):
     # the notebook's own Dask config is as it was
     assert dask.config.get("distributed.worker.profile.enabled") == profile
     assert dask.config.get(forkserver.METHOD_KEY) == method
+
+
+# A cell, not a function of this module, which a worker would import (pytest and all) to run it.
+_IMPORTS_SINCE_THE_FORK = """
+import gc, sys
+from monarch_nb.rank import preload
+(sorted(set(sys.modules) - preload.LOADED), gc.isenabled(), gc.get_freeze_count())
+"""
+
+
+def test_a_worker_finds_what_it_imports_imported_and_frozen(no_current):
+    """The forkserver imports what a worker goes on to import as it starts and runs cells, with
+    the collector off, then freezes it: a worker imports nothing more, and its collector is on
+    and skips the objects every worker shares. A module named here was imported by a worker
+    after its fork: add it to rank/preload.py's MODULES."""
+    ctl = monarch_nb.up(workers=2, cpu=True)  # fresh workers: the shared ones ran other tests
+    try:
+        ctl.run("x = 1\nprint(x)")
+        for imported, enabled, frozen in ctl.run(_IMPORTS_SINCE_THE_FORK).values():
+            assert imported == [], imported
+            assert enabled
+            assert frozen > 100_000, frozen  # torch alone is a few hundred thousand objects
+    finally:
+        ctl.down()
+
+
+def test_importing_the_package_imports_neither_dask_nor_torch():
+    """``import monarch_nb`` (and the forkserver's import of the engine through it) brings no
+    controller, IPython, Dask or torch: each comes with the name that needs it."""
+    code = (
+        "import sys, monarch_nb\n"
+        "heavy = ('distributed', 'dask', 'torch', 'IPython', 'monarch_nb.controller.controller')\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+        "from monarch_nb import ValueMesh, up\n"
+        "print(up.__module__, ValueMesh.__module__, 'up' in dir(monarch_nb))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == [
+        "[]",
+        "monarch_nb.controller.start monarch_nb.controller.results True",
+    ], out
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        monarch_nb.nothing  # noqa: B018
 
 
 def test_without_the_forkserver_workers_are_spawned(no_current, monkeypatch):
