@@ -25,7 +25,6 @@ import contextlib
 import importlib.util
 import multiprocessing
 import os
-import sys
 import threading
 
 PRELOAD = ["monarch_nb.rank.preload"]  # Dask, torch and the engine: rank/preload.py
@@ -34,6 +33,7 @@ ENVIRON_KEY = "distributed.nanny.pre-spawn-environ"
 
 WARM_FOR = 600.0  # seconds a forkserver that %load_ext started waits for a local cluster
 DASK_HASH_SEED = "6640"  # the PYTHONHASHSEED Dask's nanny gives its workers where none is set
+DASK_BOOKKEEPING = ("__DASK_PARENT_PID",)  # set by a cluster as it starts: for process titles
 
 _lock = threading.Lock()
 _claimed = False  # whether a local cluster forks its workers from the running forkserver
@@ -103,7 +103,7 @@ def _start(claim: bool) -> int | None:
     server = _server()
     with _lock:
         running = getattr(server, "_forkserver_pid", None) is not None
-        if running and _ours(server) and _inherited != _inheritance():
+        if running and _ours(server) and _inherited != _inheritance(extra):
             # A worker writes (outside cells) to the stdout and stderr it inherits, and reads
             # the environment it inherits: this process's as they are now, as a spawned
             # worker's are, not as they were when the forkserver started (pytest's capfd, a
@@ -112,10 +112,9 @@ def _start(claim: bool) -> int | None:
             running = False
         if not running:
             server.set_forkserver_preload(PRELOAD)
-            inherited = _inheritance()
             with _environ(extra):
                 server.ensure_running()
-            _inherited = inherited
+            _inherited = _inheritance(extra)
         _claimed = _claimed or claim
         pid = server._forkserver_pid
     # Dask sets its own preload list (importing it here, on the event loop) the first time it
@@ -160,8 +159,8 @@ def _pre_spawn_environ() -> dict:
     import dask
 
     env = dask.config.get(ENVIRON_KEY, default=None) or {}
-    if "distributed" in sys.modules:
-        return env
+    if any("distributed" in defaults for defaults in dask.config.defaults):
+        return env  # Distributed's defaults are in (not merely its import under way)
     spec = importlib.util.find_spec("distributed")
     if spec is None or not spec.submodule_search_locations:
         return env
@@ -180,9 +179,10 @@ def _ours(server) -> bool:
     return list(getattr(server, "_preload_modules", None) or ()) == PRELOAD
 
 
-def _inheritance() -> tuple:
-    """What a process started now inherits from this one: what fds 1 and 2 are (device and
-    inode) and the environment."""
+def _inheritance(extra: dict[str, str]) -> tuple:
+    """What a forkserver started now would inherit from this one: what fds 1 and 2 are
+    (device and inode) and the environment, with ``extra`` (the nanny's variables, which it
+    also puts in this process's environment as it starts a worker: the same either way)."""
     found = []
     for fd in (1, 2):
         try:
@@ -190,7 +190,8 @@ def _inheritance() -> tuple:
             found.append((st.st_dev, st.st_ino))
         except OSError:
             found.append(None)
-    return tuple(found), dict(os.environ)
+    environ = {k: v for k, v in os.environ.items() if k not in DASK_BOOKKEEPING}
+    return tuple(found), {**environ, **extra}
 
 
 def stop() -> None:

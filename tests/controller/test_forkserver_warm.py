@@ -80,12 +80,17 @@ def test_load_ext_starts_the_forkserver_that_up_forks_from():
         run("%monarch up --workers 2 --cpu --no-dist")
         ctl = __import__("monarch_nb").current()
         report["parents"] = ctl.call(lambda engine: os.getppid()).values()
+        report["threads"] = ctl.run(
+            "import os, torch\\n(os.environ.get('OMP_NUM_THREADS'), torch.get_num_threads())"
+        ).values()
         run("%monarch down")
         report["after_down"] = wait(lambda: not forkservers(), timeout=30)
         """
     )
     assert report["started"] and len(report["warm"]) == 1, report
     assert report["parents"] == report["warm"] * 2, report  # the workers came from it
+    # with Dask's variables for its workers, though %load_ext ran as Distributed was imported
+    assert report["threads"] == [["1", 1]] * 2, report
     assert report["after_down"], report  # and it went with them
     # the notebook's own environment is left alone (the workers' OMP_NUM_THREADS=1 is theirs)
     assert report["omp_before"] is None and report["omp_after_load"] is None, report
@@ -153,3 +158,24 @@ def test_a_variable_set_after_load_ext_reaches_the_workers():
     )
     assert report["seen"] == ["set after %load_ext"], report
     assert report["parents"] != report["warm"], report
+
+
+def test_a_second_cluster_forks_from_the_same_forkserver():
+    """The nannies of the first cluster put Dask's variables (OMP_NUM_THREADS=1, ...) in the
+    notebook's environment, as the forkserver already had them: no reason to start another."""
+    report = _shell(
+        """
+        import monarch_nb
+        run("%monarch up --workers 1 --cpu --no-dist")
+        report["omp_after_up"] = os.environ.get("OMP_NUM_THREADS")
+        second = monarch_nb.up(workers=1, cpu=True, dist=False, current=False)
+        report["parents"] = [
+            ctl.call(lambda engine: os.getppid()).values()[0]
+            for ctl in (monarch_nb.current(), second)
+        ]
+        second.down()
+        run("%monarch down")
+        """
+    )
+    assert report["omp_after_up"] == "1", report  # Dask's nanny put it there
+    assert report["parents"] == report["warm"] * 2, report
