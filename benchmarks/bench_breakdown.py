@@ -13,7 +13,9 @@ CLOCK_MONOTONIC, one clock for every process on the machine. The wrappers cost a
 themselves: the instrumented total is printed beside the plain one, measured before them.
 
 The socket floor: one process sends three bytes to each of 2 / 4 processes over loopback TCP and
-waits for every echo (each child blocked in ``recv``, as a rank's thread waits in ``select``).
+waits for every echo (each child blocked in ``recv``, as a rank's thread waits in ``select``);
+the issue's floor. The same over Unix-domain sockets is printed beside it: a local cluster's
+data path uses them (wire.Listeners).
 
 Start-up: ``monarch_nb.up`` with its steps timed by wrappers in this process (starting the
 scheduler, nannies and worker processes; the client; the engine plugin; waiting for and
@@ -49,8 +51,13 @@ now_ns = time.perf_counter_ns
 # -- the socket floor ---------------------------------------------------------------------------
 _ECHO = """
 import socket, sys
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+where = sys.argv[1]
+if where.isdigit():
+    s = socket.create_connection(("127.0.0.1", int(where)))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+else:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect("\\0" + where)
 while True:
     b = s.recv(64)
     if not b:
@@ -59,19 +66,28 @@ while True:
 """
 
 
-def socket_floor(n: int, reps: int) -> list[float]:
-    """Round trips (ms) of three bytes to ``n`` echoing processes, waiting for every echo."""
-    server = socket.create_server(("127.0.0.1", 0))
-    port = server.getsockname()[1]
+def socket_floor(n: int, reps: int, unix: bool = False) -> list[float]:
+    """Round trips (ms) of three bytes to ``n`` echoing processes, waiting for every echo: over
+    loopback TCP (the issue's floor), or ``unix`` over Unix-domain sockets (what a local
+    cluster's data path now uses: wire.Listeners)."""
+    if unix:
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        where = f"monarch-nb-floor-{os.getpid()}"
+        server.bind("\0" + where)
+        server.listen()
+    else:
+        server = socket.create_server(("127.0.0.1", 0))
+        where = str(server.getsockname()[1])
     procs = [
-        subprocess.Popen([sys.executable, "-c", _ECHO, str(port)], stdin=subprocess.DEVNULL)
+        subprocess.Popen([sys.executable, "-c", _ECHO, where], stdin=subprocess.DEVNULL)
         for _ in range(n)
     ]
     try:
         conns = [server.accept()[0] for _ in range(n)]
         sel = selectors.DefaultSelector()
         for c in conns:
-            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if not unix:
+                c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sel.register(c, selectors.EVENT_READ)
         times = []
         for i in range(reps + reps // 10):
@@ -372,6 +388,7 @@ def _rows(rows: list[list[str]]) -> list[str]:
 def measure(n: int, args) -> list[str]:
     lines = [f"== {n} workers (load average before: {os.getloadavg()[0]:.2f})", ""]
     floor = socket_floor(n, args.floor_reps)
+    unix_floor = socket_floor(n, args.floor_reps, unix=True)
     ctl, steps = start_up(n)
     try:
         plain, pieces = round_trip(ctl, args.cells, args.warmup)
@@ -392,10 +409,13 @@ def measure(n: int, args) -> list[str]:
             rows.append([name, f"{statistics.median(xs):.3f}", f"{_p(xs, 0.9):.3f}", share])
     rows.append(["total (plain, before the stamps)", f"{p50:.3f}", f"{_p(plain, 0.9):.3f}", ""])
     rows.append([f"socket floor, 1 -> {n} processes", f"{fl:.3f}", f"{_p(floor, 0.9):.3f}", ""])
+    ufl = statistics.median(unix_floor)
+    rows.append(["same over Unix-domain sockets", f"{ufl:.3f}", f"{_p(unix_floor, 0.9):.3f}", ""])
     lines += _rows(rows)
     met = "met" if p50 <= FLOOR_TARGET * fl else "NOT met"
     lines += [
-        f"round trip / socket floor: {p50 / fl:.1f}x (target <= {FLOOR_TARGET:g}x: {met})",
+        f"round trip / socket floor: {p50 / fl:.1f}x (target <= {FLOOR_TARGET:g}x: {met}); "
+        f"/ the Unix-domain floor: {p50 / ufl:.1f}x",
         "",
     ]
     lines.append("Start-up, ms")

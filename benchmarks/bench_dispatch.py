@@ -303,11 +303,13 @@ def main(args) -> None:
     dispatch: dict[tuple[str, int], dict] = {}
     startup: dict[tuple[str, int], dict] = {}
     floors: dict[int, float] = {}
+    unix_floors: dict[int, float] = {}
     # Start-up repetitions go round the systems in turn, so that a change in the machine's load
     # during the run falls on every system alike rather than on whichever ran last.
     for n in args.workers:
         _progress(f"socket floor, 1 -> {n} processes")
         floors[n] = statistics.median(bench_breakdown.socket_floor(n, 2000))
+        unix_floors[n] = statistics.median(bench_breakdown.socket_floor(n, 2000, unix=True))
         for system in systems:
             if system in STARTUP_ONLY:
                 continue
@@ -339,6 +341,7 @@ def main(args) -> None:
     rows = [["system", "workers", "median ms", "p90 ms", "min ms", "peer/monarch-nb"]]
     for n in args.workers:
         rows.append([f"socket floor, 1 -> {n}", str(n), f"{floors[n]:.3f}", "", "", ""])
+        rows.append([f"Unix-domain floor, 1 -> {n}", str(n), f"{unix_floors[n]:.3f}", "", "", ""])
         base = dispatch.get(("monarch", n), {})
         for system in systems:
             if system in STARTUP_ONLY:
@@ -386,7 +389,7 @@ def main(args) -> None:
                 ]
             )
     lines += _table(rows, right={1, 2, 3, 4, 5, 6})
-    lines += ["", "Targets", *_targets(args.workers, dispatch, startup, floors)]
+    lines += ["", "Targets", *_targets(args.workers, dispatch, startup, floors, unix_floors)]
     orphans = sum(r.get("orphans", 0) for r in dispatch.values()) + sum(
         r.get("orphans", 0) for r in startup.values()
     )
@@ -417,7 +420,7 @@ def _merge_startups(runs: list[dict]) -> dict:
     }
 
 
-def _targets(workers, dispatch, startup, floors) -> list[str]:
+def _targets(workers, dispatch, startup, floors, unix_floors) -> list[str]:
     rows = [["target", "workers", "measured", "wanted", "met"]]
     for n in workers:
         base = dispatch.get(("monarch", n), {})
@@ -426,6 +429,9 @@ def _targets(workers, dispatch, startup, floors) -> list[str]:
             ok = _yes(ratio <= FLOOR_TARGET)
             what = "dispatch median / socket floor"
             rows.append([what, str(n), f"{ratio:.1f}x", f"<= {FLOOR_TARGET:g}x", ok])
+            ratio = statistics.median(base["times"]) * 1e3 / unix_floors[n]
+            what = "dispatch median / Unix-domain floor"
+            rows.append([what, str(n), f"{ratio:.1f}x", "(for reference)", ""])
         for peer, need in DISPATCH_TARGETS:
             what = f"dispatch median, {SYSTEMS[peer]}/monarch-nb"
             r = dispatch.get((peer, n), {})

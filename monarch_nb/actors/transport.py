@@ -2,8 +2,9 @@
 by a thread of its own, so a call crosses no event loop.
 
 A caller (a ``Mailbox``) attaches over a distributed comm to the worker's
-``monarch_actors_attach`` handler, which answers with the port of the worker's actor listener
-and a token; the caller connects a socket, names itself with the token, and from then on writes
+``monarch_actors_attach`` handler, which answers with where the worker's actor listeners are (a
+port, and a Unix-domain socket for a caller on the same host: wire.Listeners) and a token; the
+caller connects a socket, names itself with the token, and from then on writes
 its messages (a list of dicts per frame) on that socket from whichever thread sends. The
 worker's one actor I/O thread reads every caller's socket and hands each message to its actor's
 thread, which writes the reply itself; the caller's ``Reader`` thread settles the Future. The
@@ -24,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from monarch_nb.wire import FrameConn, accept_forever
+from monarch_nb.wire import FrameConn, Listeners, connect_local
 
 logger = logging.getLogger("monarch_nb.actors")
 
@@ -63,11 +64,8 @@ class ActorWire:
         on_batch: Callable[[Channel, list[dict]], None],
         on_closed: Callable[[Channel], None],
     ):
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.listener = socket.create_server((host, 0), family=family)
-        self.port = self.listener.getsockname()[1]
+        self.listeners = Listeners(host, ssl_context)
         self.token = secrets.token_hex(16)
-        self.ssl_context = ssl_context
         self.channels: dict[str, Channel] = {}
         self._on_batch = on_batch
         self._on_closed = on_closed
@@ -76,9 +74,11 @@ class ActorWire:
         self._sel.register(self._wake_r, selectors.EVENT_READ)
         self._accepted: list[Channel] = []
         self._lock = threading.Lock()
-        # Accepting has a thread of its own: a TLS handshake never holds up the messages of the
+        # Accepting has threads of its own: a TLS handshake never holds up the messages of the
         # callers already connected.
-        threading.Thread(target=self._acceptor, name="monarch-actors-accept", daemon=True).start()
+        self.listeners.serve(
+            HANDSHAKE_TIMEOUT, self._hello, "an actor data connection", "monarch-actors-accept"
+        )
         threading.Thread(target=self._run, name="monarch-actors-io", daemon=True).start()
 
     def new_channel(self, caller: str, comm) -> Channel:
@@ -96,15 +96,6 @@ class ActorWire:
                 del self.channels[channel.caller]
         if channel.conn is not None:
             channel.conn.shutdown()  # the I/O thread sees the end and closes the socket
-
-    def _acceptor(self) -> None:
-        accept_forever(
-            self.listener,
-            self.ssl_context,
-            HANDSHAKE_TIMEOUT,
-            self._hello,
-            "an actor data connection",
-        )
 
     def _hello(self, conn: FrameConn, hello: Any) -> None:
         caller = hello.get("caller") if isinstance(hello, dict) else None
@@ -185,11 +176,13 @@ def _host_of(address: str) -> str:
 def connect(address: str, hello: dict, caller: str, connection_args: dict) -> FrameConn:
     """The data connection to the worker at ``address`` whose attach answered ``hello``
     (blocking, bounded: run it off the event loop)."""
-    host = _host_of(address)
-    sock = socket.create_connection((host, hello["port"]), timeout=CONNECT_TIMEOUT)
+    sock = connect_local(hello, CONNECT_TIMEOUT)  # a worker on this host: wire.Listeners
+    if sock is None:
+        sock = socket.create_connection((_host_of(address), hello["port"]), timeout=CONNECT_TIMEOUT)
     try:
         ssl_context = connection_args.get("ssl_context")
-        if address.startswith("tls://") and ssl_context is not None:
+        tls = address.startswith("tls://") and ssl_context is not None
+        if tls and sock.family != socket.AF_UNIX:
             sock = ssl_context.wrap_socket(sock, server_hostname=None)
         sock.settimeout(None)
         conn = FrameConn(sock)

@@ -124,7 +124,7 @@ class ActorHost:
             )
         channel = self._wire.new_channel(caller, comm)
         try:
-            await comm.write({"port": self._wire.port, "token": self._wire.token})
+            await comm.write({**self._wire.listeners.hello(), "token": self._wire.token})
             while True:
                 await comm.read()
         except (CommClosedError, OSError):

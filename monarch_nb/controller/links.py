@@ -22,7 +22,7 @@ from typing import Any
 
 from distributed.comm import CommClosedError, connect
 
-from monarch_nb.wire import FrameConn, Writer
+from monarch_nb.wire import FrameConn, Writer, connect_local
 
 _ids = itertools.count(1)
 TLS_HANDSHAKE_TIMEOUT = 10.0  # seconds; the engine gives up on its side after 5
@@ -125,6 +125,21 @@ class Router:
             }
 
 
+async def _connect_data(address: str, hello: dict[str, Any]) -> socket.socket:
+    """The data path's socket to the engine whose handshake said ``hello``: its Unix-domain
+    listener where the engine is on this host (never waiting: this runs on the event loop),
+    else TCP to its port."""
+    sock = connect_local(hello, timeout=0.0)
+    if sock is not None:
+        return sock
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, hello["port"]))
+    sock.setblocking(True)
+    return sock
+
+
 class Link:
     """The controller's two connections to one rank's engine: a distributed comm for control
     (interrupt, info; its closing means the worker is gone), opened on the client's event loop,
@@ -152,14 +167,10 @@ class Link:
         await self.comm.write({"op": "monarch_attach", "reply": False, "controller": controller})
         hello = await self.comm.read()
         self.writer = Writer(self.comm)
-        host = self.info.address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
-        loop = asyncio.get_running_loop()
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        sock.setblocking(False)
-        await loop.sock_connect(sock, (host, hello["port"]))
-        sock.setblocking(True)
+        sock = await _connect_data(self.info.address, hello)
         ssl_context = connection_args.get("ssl_context")
-        if self.info.address.startswith("tls://") and ssl_context is not None:
+        tls = self.info.address.startswith("tls://") and ssl_context is not None
+        if tls and sock.family != socket.AF_UNIX:
             # On the event loop, so bounded: a stopped worker must not hold it for ever.
             sock.settimeout(TLS_HANDSHAKE_TIMEOUT)
             sock = ssl_context.wrap_socket(sock, server_hostname=None)

@@ -99,7 +99,7 @@ class Engine:
         """The control comm of ``controller``: tell it where the data path listens, then obey
         interrupt and info until it goes away."""
         channel = self.wire.new_channel(controller, comm)
-        await comm.write({"port": self.wire.port, "token": self.wire.token})
+        await comm.write({**self.wire.listeners.hello(), "token": self.wire.token})
         try:
             while True:
                 for msg in await comm.read():

@@ -4,7 +4,8 @@ Control (the handshake, interrupt, info) arrives over a distributed comm on the 
 loop (the ``monarch_attach`` handler in engine.py). Data — cells, calls and every event back —
 travels over a plain socket (TLS where the cluster uses TLS) that the rank's own thread reads
 itself, so a request costs no hop through the event loop: the engine listens on the worker's
-host on a port the OS picks, and a controller learns the port and a token in the handshake.
+host on a port the OS picks, and for a controller on the same host on a Unix-domain socket
+(wire.Listeners); a controller learns where, and a token, in the handshake.
 What a cell prints is flushed by a small thread of its own, a few milliseconds after it is
 written; a reply goes out at once, after everything the cell printed before it.
 """
@@ -22,7 +23,7 @@ import time
 from typing import Any
 
 from monarch_nb.rank.capture import Outbox
-from monarch_nb.wire import FrameConn, accept_forever
+from monarch_nb.wire import FrameConn, Listeners
 
 logger = logging.getLogger("monarch_nb")
 
@@ -71,12 +72,9 @@ class Wire:
     for requests, and the output flusher."""
 
     def __init__(self, host: str, ssl_context=None):
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.listener = socket.create_server((host, 0), family=family)
+        self.listeners = Listeners(host, ssl_context)
         self.host = host
-        self.port = self.listener.getsockname()[1]
         self.token = secrets.token_hex(16)
-        self.ssl_context = ssl_context
         self.channels: dict[str, Channel] = {}
         self.inbox: collections.deque[tuple[Channel, dict[str, Any]]] = collections.deque()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -86,9 +84,9 @@ class Wire:
         self._lock = threading.Lock()
         self._poke = threading.Event()
         threading.Thread(target=self._flusher, name="monarch-flush", daemon=True).start()
-        # Accepting has a thread of its own so that a busy rank still completes handshakes
+        # Accepting has threads of its own so that a busy rank still completes handshakes
         # (and answers info at once); its requests wait in the socket until the rank is free.
-        threading.Thread(target=self._acceptor, name="monarch-accept", daemon=True).start()
+        self.listeners.serve(HANDSHAKE_TIMEOUT, self._hello, "a data connection", "monarch-accept")
 
     # -- the event loop -----------------------------------------------------------------------
     def new_channel(self, controller: str, comm) -> Channel:
@@ -142,11 +140,6 @@ class Wire:
                     channel.conn.close()
                 else:
                     self.inbox.extend((channel, m) for m in msgs)
-
-    def _acceptor(self) -> None:
-        accept_forever(
-            self.listener, self.ssl_context, HANDSHAKE_TIMEOUT, self._hello, "a data connection"
-        )
 
     def _hello(self, conn: FrameConn, hello: Any) -> None:
         channel = self.channels.get(hello.get("controller")) if isinstance(hello, dict) else None

@@ -24,7 +24,7 @@ cloudpickle.register_pickle_by_value(helpers)
 
 def _listeners(ctl) -> dict[str, int]:
     """Worker address -> the port its actor data sockets are accepted on."""
-    return ctl.client.run(lambda: current_host()._wire.port)
+    return ctl.client.run(lambda: current_host()._wire.listeners.port)
 
 
 def _closed_by_peer(sock: socket.socket, timeout: float = 10) -> bool:
