@@ -82,6 +82,7 @@ class Engine:
         self._started_at: float | None = None
         self._in_user = False
         self._interrupt_pending = False  # interrupted after taking a cell, before running it
+        self._interrupt_sent = False  # a KeyboardInterrupt raised in the thread, maybe not landed
         self._cancelled: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._aloop: asyncio.AbstractEventLoop | None = None
         self.failure = None  # (request id, exception, traceback) of the last failed cell
@@ -139,6 +140,7 @@ class Engine:
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
                     ctypes.c_ulong(self._thread.ident), ctypes.py_object(KeyboardInterrupt)
                 )
+                self._interrupt_sent = True
                 session.interrupt_group()  # a child process the cell waits on stops too
             elif self._current is not None:
                 # Taken but not yet running (being compiled, say): raised as it starts.
@@ -223,14 +225,18 @@ class Engine:
             raise KeyboardInterrupt
 
     def _leave_user(self) -> None:
+        """Out of user code: no interrupt is raised in the thread from here on, and one raised
+        that has not landed yet lands here and is dropped. Never cleared with
+        ``PyThreadState_SetAsyncExc(id, NULL)``: on CPython 3.11 that leaves the interpreter's
+        eval breaker set for good, and a thread that then runs under a profile or trace function
+        (cProfile, a tracer, coverage) spins for ever at its next call."""
         while True:
             try:
                 with self._lock:
                     self._in_user = False
-                    # Clear an interrupt that was sent but not yet delivered.
-                    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                        ctypes.c_ulong(threading.get_ident()), None
-                    )
+                    sent, self._interrupt_sent = self._interrupt_sent, False
+                if sent:
+                    _land()
                 return
             except KeyboardInterrupt:
                 continue
@@ -340,6 +346,10 @@ class Engine:
         self.namespace.update(vars(types.ModuleType("__main__")))
         self.namespace["__builtins__"] = builtins
         self.namespace.update(self._identity_names())
+
+
+def _land() -> None:
+    """A call of a Python function, at whose start a pending asynchronous exception is raised."""
 
 
 def _captures_fds(worker) -> bool:
