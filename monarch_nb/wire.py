@@ -301,8 +301,8 @@ class Listeners:
     processes of this user are let in on it (the peer's credentials, checked at accept), and,
     as over TCP, only a caller that names itself with the token of the handshake.
 
-    ``hello()`` is what the handshake tells a caller; ``connect`` tries the local socket first
-    and falls back to TCP (another host, or another network namespace: a container)."""
+    ``hello()`` is what the handshake tells a caller; ``connect_local`` tries the local socket
+    (its caller falls back to TCP: another host, another network namespace, another user)."""
 
     def __init__(self, host: str, ssl_context):
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
