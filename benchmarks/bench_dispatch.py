@@ -26,8 +26,6 @@ table shows each measurement's median and, as the floor, the median of them pool
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -38,6 +36,7 @@ import time
 
 import bench_breakdown
 import machine
+import orphans as leftovers
 
 SYSTEMS = {
     "monarch": "monarch-nb",
@@ -49,8 +48,6 @@ STARTUP_ONLY = ("notebook",)  # its round trip is monarch-nb's, through the magi
 NOTEBOOK_PAUSE = 2.0  # seconds between running %load_ext and %monarch up (the next cell)
 PACKAGES = ("torch", "monarch-nb", "dask", "distributed", "ipyparallel", "torchmonarch")
 MARK = "BENCH_RESULT "
-PR_SET_CHILD_SUBREAPER = 36
-ORPHAN_GRACE = 5.0  # seconds a measurement's leftovers get to exit on their own before we kill them
 
 # The targets of the issues: (peer, minimum peer_time / monarch_time) for dispatch medians;
 # (peer, the largest monarch_time / peer_time) for start-up; the largest round trip / socket
@@ -189,49 +186,6 @@ def measure(system: str, n: int, task: str, cells: int, warmup: int) -> dict:
 
 
 # -- the driver ----------------------------------------------------------------------------------
-def _become_subreaper() -> bool:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def _reap() -> None:
-    with contextlib.suppress(ChildProcessError):
-        while os.waitpid(-1, os.WNOHANG)[0]:
-            pass
-
-
-def _sweep() -> int:
-    """Kill what a finished measurement left running; returns how many processes that was."""
-    import psutil
-
-    me = psutil.Process()
-    deadline = time.monotonic() + ORPHAN_GRACE
-    while True:
-        _reap()
-        left = [p for p in me.children(recursive=True) if _alive(p)]
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    for p in left:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    psutil.wait_procs(left, timeout=5)
-    _reap()
-    return len(left)
-
-
-def _alive(p) -> bool:
-    import psutil
-
-    try:
-        return p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
 def run_one(system: str, n: int, task: str, args) -> dict:
     """One measurement in a fresh process; ``{"error": ...}`` rather than an exception."""
     cmd = [
@@ -266,9 +220,9 @@ def run_one(system: str, n: int, task: str, args) -> dict:
     except subprocess.TimeoutExpired:
         result = {"error": f"timed out after {timeout:.0f} s"}
     except BaseException:  # Ctrl-C: subprocess.run killed the child; its workers go too
-        _sweep()
+        leftovers.sweep()
         raise
-    result["orphans"] = _sweep()
+    result["orphans"] = leftovers.sweep()
     return result
 
 
@@ -300,7 +254,7 @@ def main(args) -> None:
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
         sys.exit(f"--only: unknown system {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}")
-    reaper = _become_subreaper()
+    reaper = leftovers.become_subreaper()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so a killed run still sweeps
     began, load_before = time.perf_counter(), os.getloadavg()[0]
     dispatch: dict[tuple[str, int], dict] = {}
