@@ -254,7 +254,11 @@ def start_local(plans: list[WorkerPlan], threads: int = 1, security=None):
     """
     forkserver.start()  # first: its imports run while this process imports Dask and starts
     import dask
+
+    forkserver.start()  # afresh, only where the user's Dask configuration changed its variables
     from distributed import SpecCluster
+
+    forkserver.keep_preload()
 
     _quiet_dask_logs()
     protocol = "tls" if security is not None else "tcp"

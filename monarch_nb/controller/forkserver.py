@@ -25,6 +25,7 @@ import contextlib
 import importlib.util
 import multiprocessing
 import os
+import sys
 import threading
 
 PRELOAD = ["monarch_nb.rank.preload"]  # Dask, torch and the engine: rank/preload.py
@@ -116,13 +117,17 @@ def _start(claim: bool) -> int | None:
                 server.ensure_running()
             _inherited = _inheritance(extra)
         _claimed = _claimed or claim
-        pid = server._forkserver_pid
-    # Dask sets its own preload list (importing it here, on the event loop) the first time it
-    # forks a worker, unless told it has: ours stays, also for a forkserver started later.
+        return server._forkserver_pid
+
+
+def keep_preload() -> None:
+    """Dask sets its own preload list (importing it here, on the event loop) the first time it
+    forks a worker, unless told it has: ours stays, also for a forkserver started later. Called
+    where Distributed is imported anyway: not from ``warm``'s thread, which would import it
+    while the notebook's own thread may be importing it too."""
     import distributed.utils
 
     distributed.utils._forkserver_preload_set = True
-    return pid
 
 
 def _spawn_environ() -> dict[str, str]:
@@ -155,19 +160,22 @@ def _environ(extra: dict[str, str]):
 def _pre_spawn_environ() -> dict:
     """Dask's ``distributed.nanny.pre-spawn-environ``, without importing Distributed (half a
     second, which the forkserver would wait for): its defaults reach Dask's config when it is
-    imported, so until then they are read from its ``distributed.yaml``, under the user's."""
-    import dask
-
-    env = dask.config.get(ENVIRON_KEY, default=None) or {}
-    if any("distributed" in defaults for defaults in dask.config.defaults):
+    imported, so until then they are read from its ``distributed.yaml``, under the user's. Where
+    Dask itself is not imported yet (a fifth of a second more), Distributed's defaults alone:
+    ``start_local`` asks again once it has imported Dask, which starts the forkserver afresh
+    where the user's configuration changed them."""
+    config = getattr(sys.modules.get("dask"), "config", None)  # an attribute once imported
+    env = (config.get(ENVIRON_KEY, default=None) if config else None) or {}
+    if config and any("distributed" in defaults for defaults in config.defaults):
         return env  # Distributed's defaults are in (not merely its import under way)
     spec = importlib.util.find_spec("distributed")
     if spec is None or not spec.submodule_search_locations:
         return env
     import yaml
 
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's: a tenth of the time
     with open(os.path.join(spec.submodule_search_locations[0], "distributed.yaml")) as f:
-        defaults = yaml.safe_load(f)
+        defaults = yaml.load(f, Loader=loader)
     for key in ENVIRON_KEY.split("."):
         defaults = (defaults or {}).get(key)
     return {**(defaults or {}), **env}

@@ -110,6 +110,15 @@ def up(
 _UP_INTERRUPTED = "%monarch up interrupted; its workers were stopped"
 
 
+def _import_controller() -> None:
+    """Import what ``up`` needs once the workers are up: a tenth of a second, which the
+    forkserver's imports (a second or two) hide. The thread that starts the cluster imports it,
+    before Dask's scheduler: no two threads of this process import modules at once."""
+    import distributed  # noqa: F401
+
+    import monarch_nb.controller.controller  # noqa: F401
+
+
 def _start_local(plans, threads: int, security):
     """``clusters.start_local`` on a thread of its own, so that Ctrl-C while the workers start
     stops them: interrupted in its constructor, a SpecCluster goes on starting them with
@@ -125,6 +134,8 @@ def _start_local(plans, threads: int, security):
         try:
             session.block_interrupts()  # the workers start with it: see session.py
             try:
+                forkserver.start()  # first: its imports run while this thread imports the rest,
+                _import_controller()  # here rather than after the workers are up
                 cluster = clusters.start_local(plans, threads=threads, security=security)
             except BaseException as e:
                 box["error"] = e
