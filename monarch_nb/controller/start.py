@@ -15,8 +15,8 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+from monarch_nb.controller import certificates, forkserver, joining, script_guard
 from monarch_nb.controller import cluster as clusters
-from monarch_nb.controller import forkserver, joining, script_guard
 from monarch_nb.controller.results import Interrupted
 from monarch_nb.errors import ClusterError, set_current
 from monarch_nb.errors import current as current_controller
@@ -77,7 +77,7 @@ def up(
         plans = clusters.plan_workers(
             clusters.detect_gpus(), workers=workers, cpu=cpu, threads=threads
         )
-        security = clusters.temporary_security() if tls else None
+        security = certificates.temporary_security() if tls else None
         # Started first: the forkserver's imports run while this process imports the rest.
         cluster = _start_local(plans, threads, security)
         try:
@@ -215,7 +215,7 @@ def connect(
             security = tls
         else:
             try:
-                security = clusters.client_security(bool(tls), tls_ca_file, tls_cert, tls_key)
+                security = certificates.client_security(bool(tls), tls_ca_file, tls_cert, tls_key)
             except ValueError as e:
                 raise ClusterError(str(e)) from None
         if security is None and str(address).startswith("tls://"):
