@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,9 @@ from monarch_nb.telemetry.devices import cuda_target, hip_bdf, parse_bdf, torch_
 logger = logging.getLogger(__name__)
 
 FAILURES_BEFORE_GIVING_UP = 3  # consecutive failures of one query before it is no longer asked
+# The least wall time one CPU reading spans: a process's CPU time counts in clock ticks (10 ms),
+# so a reading over a few ms is 0% or a multiple of hundreds.
+CPU_WINDOW = 0.2
 
 
 class _Probe:
@@ -238,19 +242,34 @@ class HostProbe(_Probe):
         import psutil
 
         self.process = psutil.Process()
-        self.process.cpu_percent(None)  # the first reading is always 0.0: prime it
         self.name = name
         self.total = self._ask("total", lambda: psutil.virtual_memory().total)
-        # psutil divides by the wall time since the last reading: two readings microseconds
-        # apart gave a 4,800% sample. No process uses more than every core.
-        self.most = 100.0 * (psutil.cpu_count() or 1)
+        self.most = 100.0 * (psutil.cpu_count() or 1)  # no process uses more than every core
+        self._since: tuple[float, float] | None = None  # (when, CPU seconds) at the last reading
+        self._cpu: float | None = None
+        self._ask("cpu", self._cpu_percent)  # the first window starts now
 
     def read(self) -> dict[str, Any]:
         p = self.process
         with p.oneshot():
-            cpu = self._ask("cpu", lambda: p.cpu_percent(None))
+            cpu = self._ask("cpu", self._cpu_percent)
             rss = self._ask("rss", lambda: p.memory_info().rss)
-        return {"cpu": min(cpu, self.most) if cpu is not None else None, "rss": rss}
+        return {"cpu": cpu, "rss": rss}
+
+    def _cpu_percent(self) -> float | None:
+        """% of one core since the last reading, over at least CPU_WINDOW: a reading sooner
+        than that repeats the last (None within the first), rather than a tick over a tiny
+        interval (psutil's ``cpu_percent`` gave 200% on 2 cores for a rank's first sample,
+        taken just after the probe was made, and 4,800% for two readings microseconds apart)."""
+        now, times = time.monotonic(), self.process.cpu_times()
+        used = times.user + times.system
+        if self._since is not None and now - self._since[0] < CPU_WINDOW:
+            return self._cpu
+        if self._since is not None:
+            then, before = self._since
+            self._cpu = min(100.0 * (used - before) / (now - then), self.most)
+        self._since = (now, used)
+        return self._cpu
 
 
 def open_device_probe(

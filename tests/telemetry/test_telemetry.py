@@ -3,6 +3,7 @@ paths with stand-ins for those libraries injected at the import boundary."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 import time
@@ -242,6 +243,7 @@ def test_missing_library_degrades_to_fewer_fields(monkeypatch, no_torch_gpu, kin
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import raises ImportError
     monkeypatch.setitem(sys.modules, "amdsmi", None)
     monitor = telemetry.Monitor({"kind": kind, "torch": "cuda:0", "name": "gpu"})
+    time.sleep(probes.CPU_WINDOW)  # a CPU reading spans at least this much
     sample = monitor.read(1)
     check_schema(sample, 1, kind)
     assert [sample[k] for k in ("util", "mem_used", "power", "temp")] == [None] * 4
@@ -393,22 +395,32 @@ def test_pci_address_spellings():
     assert devices.kfd_gpus("/nonexistent") == []
 
 
-def test_host_cpu_never_reads_more_than_every_core():
-    """Readings microseconds apart once gave a 4,800% sample (psutil divides the CPU time's
-    clock tick by the tiny wall time between them)."""
-    import threading
-
+def test_host_cpu_is_read_over_a_window_never_a_tick():
+    """Readings microseconds apart once gave a 4,800% sample, and a rank's first one, just after
+    the probe was made, 200% on 2 cores (a process's CPU time counts 10 ms ticks, divided by the
+    tiny wall time between two readings): a reading spans at least CPU_WINDOW, one sooner
+    repeats the last, and those within the first window are None (not measured yet)."""
     import psutil
-
-    from monarch_nb.telemetry.probes import HostProbe
 
     stop = threading.Event()
     spinner = threading.Thread(target=lambda: [None for _ in iter(stop.is_set, True)])
     spinner.start()
     try:
-        probe = HostProbe()
-        readings = [probe.read()["cpu"] for _ in range(300)]
+        made = time.monotonic()
+        probe = probes.HostProbe()
+        readings = []  # (when it was asked, what it said)
+        while time.monotonic() - made < 3.5 * probes.CPU_WINDOW:
+            readings.append((time.monotonic(), probe.read()["cpu"]))
     finally:
         stop.set()
         spinner.join()
-    assert max(readings) <= 100.0 * psutil.cpu_count(), max(readings)
+    window = probes.CPU_WINDOW
+    assert readings[0][1] is None
+    assert all(cpu is None for when, cpu in readings if when < made + window), readings[:5]
+    pairs = list(itertools.pairwise(readings))
+    changed = [when for (_, last), (when, cpu) in pairs if cpu != last]
+    assert len(changed) >= 2, readings[-5:]  # 3.5 windows: a first value, then others
+    gaps = [b - a for a, b in itertools.pairwise(changed)]
+    assert all(gap > 0.9 * window for gap in gaps), gaps
+    values = {cpu for _, cpu in readings if cpu is not None}
+    assert all(0 < cpu <= 100.0 * psutil.cpu_count() for cpu in values), values
