@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+# A run started in the background by a shell (`make test &`) inherits SIGINT ignored, which
+# Python then leaves as it is: the tests of Ctrl-C need it as a notebook's kernel has it.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

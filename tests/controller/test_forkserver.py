@@ -10,8 +10,8 @@ import time
 
 import dask
 import distributed  # noqa: F401 (its defaults enter Dask's config)
-import psutil
 import pytest
+from _forkservers import forkservers
 from _wait import wait_for
 
 import monarch_nb
@@ -36,21 +36,8 @@ def _quiet_settings(engine) -> tuple:
     )
 
 
-def _forkservers() -> set[int]:
-    """This process's forkservers (children; the workers forked from one have its command
-    line too, and are its children)."""
-    found = set()
-    for p in psutil.Process().children():
-        try:
-            if "multiprocessing.forkserver" in " ".join(p.cmdline()):
-                found.add(p.pid)
-        except psutil.Error:
-            pass
-    return found
-
-
 def test_workers_are_forked_from_a_forkserver_that_down_stops(no_current):
-    before = _forkservers()
+    before = set(forkservers())
     profile = dask.config.get("distributed.worker.profile.enabled")
     method = dask.config.get(forkserver.METHOD_KEY)
     ctl = monarch_nb.up(workers=2, cpu=True, dist=False)
@@ -67,7 +54,7 @@ def test_workers_are_forked_from_a_forkserver_that_down_stops(no_current):
     finally:
         ctl.down()
     # it exits once the last worker forked from it has
-    assert wait_for(lambda: _forkservers() <= before, timeout=20), _forkservers() - before
+    assert wait_for(lambda: set(forkservers()) <= before, timeout=20), set(forkservers()) - before
     # the notebook's own Dask config is as it was
     assert dask.config.get("distributed.worker.profile.enabled") == profile
     assert dask.config.get(forkserver.METHOD_KEY) == method

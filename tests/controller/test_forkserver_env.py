@@ -6,27 +6,17 @@ changes them. Each test is a script in a process of its own, as a user's would b
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
+
+from _forkservers import environ
 
 SCRIPT = """
 import json, os, sys
 
-import psutil
+from _forkservers import forkservers
 
 import monarch_nb
-
-
-def forkservers():
-    found = []
-    for p in psutil.Process().children():
-        try:
-            if "multiprocessing.forkserver" in " ".join(p.cmdline()):
-                found.append(p.pid)
-        except psutil.Error:
-            pass
-    return found
 
 
 NAMES = ("MALLOC_TRIM_THRESHOLD_", "MONARCH_NB_TEST_VARIABLE")
@@ -43,7 +33,7 @@ if __name__ == "__main__":
     try:
         report["seen"] = [list(v) for v in ctl.run(CELL).values()]
         report["parents"] = ctl.call(lambda engine: os.getppid()).values()
-        report["serving"] = [p for p in forkservers() if psutil.Process(p).status() != "zombie"]
+        report["serving"] = forkservers()
     finally:
         ctl.down()
     print("REPORT " + json.dumps(report))
@@ -51,7 +41,7 @@ if __name__ == "__main__":
 
 
 def _script(env: dict[str, str]) -> dict:
-    env = {**os.environ, **env}
+    env = environ(**env)
     for name in ("OMP_NUM_THREADS", "DASK_CONFIG", "MONARCH_NB_FORKSERVER"):
         env.pop(name, None)
     proc = subprocess.run(

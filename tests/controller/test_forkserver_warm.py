@@ -5,29 +5,20 @@ IPython shell in a process of its own, whose children are all it starts."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 
+from _forkservers import environ
+
 SCRIPT = """
 import json, os, sys, time
 
-import psutil
 from IPython.core.interactiveshell import InteractiveShell
 
+from _forkservers import forkservers
+
 from monarch_nb.controller import forkserver
-
-
-def forkservers():
-    found = []
-    for p in psutil.Process().children():
-        try:
-            if "multiprocessing.forkserver" in " ".join(p.cmdline()):
-                found.append(p.pid)
-        except psutil.Error:
-            pass
-    return found
 
 
 def wait(predicate, timeout=60):
@@ -60,7 +51,7 @@ BODY
 
 def _shell(body: str, warm_for: float = 600, wait: float = 30, env=None) -> dict:
     source = SCRIPT.replace("BODY", textwrap.indent(textwrap.dedent(body), "    "))
-    env = {**os.environ, **(env or {})}
+    env = environ(**(env or {}))
     env.pop("OMP_NUM_THREADS", None)
     proc = subprocess.run(
         [sys.executable, "-c", source, str(warm_for), str(wait)],
