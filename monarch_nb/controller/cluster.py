@@ -252,10 +252,11 @@ def start_local(plans: list[WorkerPlan], threads: int = 1, security=None):
     With a ``distributed.Security`` every comm (scheduler, nannies, workers, the client) speaks
     TLS with its certificates; the dashboard stays plain HTTP, still on 127.0.0.1 only.
     """
-    forkserver.start()  # first: its imports run while this process imports Dask and starts
     import dask
 
-    forkserver.start()  # afresh, only where the user's Dask configuration changed its variables
+    # Already started by up's thread, before Dask was imported: started afresh here only where
+    # the user's Dask configuration changes the variables it started with.
+    forkserver.start()
     from distributed import SpecCluster
 
     forkserver.keep_preload()

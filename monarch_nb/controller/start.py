@@ -113,7 +113,7 @@ _UP_INTERRUPTED = "%monarch up interrupted; its workers were stopped"
 def _import_controller() -> None:
     """Import what ``up`` needs once the workers are up: a tenth of a second, which the
     forkserver's imports (a second or two) hide. The thread that starts the cluster imports it,
-    before Dask's scheduler: no two threads of this process import modules at once."""
+    before Dask's scheduler, while the notebook's thread waits for that thread."""
     import distributed  # noqa: F401
 
     import monarch_nb.controller.controller  # noqa: F401
