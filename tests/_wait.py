@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 # A cell that keeps rank 1 busy for up to 120 s, in short sleeps, while the others return their
@@ -34,3 +36,23 @@ def running(pids) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return alive
+
+
+def stop(pid: int) -> None:
+    """SIGSTOP ``pid`` and return once every thread of it has stopped. The kernel stops the
+    others only when the one it told has run, so on a loaded machine a thread woken meanwhile
+    (by a request on its socket) still runs code after ``kill`` has returned."""
+    os.kill(pid, signal.SIGSTOP)
+    if not wait_for(lambda: all(state in "tT" for state in _thread_states(pid)), 30, 0.005):
+        raise AssertionError(f"process {pid} did not stop within 30 s of SIGSTOP")
+
+
+def _thread_states(pid: int) -> list[str]:
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        except FileNotFoundError:  # the thread ended
+            pass
+    return states

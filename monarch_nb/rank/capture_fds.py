@@ -234,8 +234,10 @@ def _gather(fd: int, hurry: Callable[[], bool]) -> bytes:
             size += len(data)
             newline = data.rfind(b"\n")
             tail = tail + len(data) if newline < 0 else len(data) - newline - 1
-            # a writer faster than the reader: send on what came, in whole lines where it can
-            if size >= LINE_MAX or (size >= PIPE_SIZE and (tail < LONG_LINE or hurry())):
+            # A writer faster than the reader: send on what came, in whole lines where it can.
+            # A hurried read goes on too: the print waits for all that is in the pipe anyway,
+            # and a long line's end may be in it (sent on here, the line would arrive split).
+            if size >= LINE_MAX or (size >= PIPE_SIZE and tail < LONG_LINE):
                 break
             continue
         if data is not None or tail < LONG_LINE or not _more(fd, hurry):

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from _wait import wait_for
+from _wait import stop, wait_for
 
 import monarch_nb
 from monarch_nb import CellError, CellTimeout, ClusterError
@@ -50,7 +50,7 @@ def stopped(own):
     """Rank 1's worker process stopped from outside (SIGSTOP), and current for the magics."""
     saved = module.current()
     module.set_current(own)
-    os.kill(own.pids[1], signal.SIGSTOP)
+    stop(own.pids[1])
     try:
         yield own
     finally:
@@ -276,7 +276,7 @@ def test_the_stop_button_with_a_stopped_worker_returns_within_seconds(tmp_path, 
         kernel.up()
         out = kernel.run("%%monarch --targets 1\nimport os\nprint('pid', os.getpid())")
         pid = int(out.split("pid", 1)[1].split()[0])
-        os.kill(pid, signal.SIGSTOP)
+        stop(pid)
         try:
             kernel.kc.execute("%%monarch\nimport time\nfor _ in range(200):\n    time.sleep(0.05)")
             time.sleep(1.5)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
-from _wait import wait_for
+from _wait import stop, wait_for
 from IPython.core.error import UsageError
 
 from monarch_nb import ClusterError
@@ -129,7 +129,7 @@ def test_a_cell_awaiting_shows_its_task_with_the_cell_frame_marked(clean):
 def test_a_stopped_rank_is_reported_not_answering_within_a_second(clean):
     pid = clean.run("import os\nos.getpid()", targets=[1]).item(1)
     clean.unanswering.discard(1)
-    os.kill(pid, signal.SIGSTOP)
+    stop(pid)
     try:
         start = time.monotonic()
         report = clean.stacks()

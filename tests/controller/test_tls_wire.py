@@ -15,6 +15,7 @@ import threading
 import time
 
 import pytest
+from _wait import stop
 from distributed import Security
 
 import monarch_nb
@@ -222,7 +223,7 @@ def test_a_worker_that_stops_during_setup_is_reported_not_waited_for(no_current,
 
     def stop_then_send(link, msg):
         if msg.get("op") == "setup":
-            os.kill(pid, signal.SIGSTOP)  # the worker stops as its setup is on its way
+            stop(pid)  # the worker stops as its setup is on its way
         send(link, msg)
 
     try:
