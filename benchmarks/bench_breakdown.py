@@ -17,6 +17,10 @@ waits for every echo (each child blocked in ``recv``, as a rank's thread waits i
 the issue's floor. The same over Unix-domain sockets is printed beside it: a local cluster's
 data path uses them (wire.Listeners).
 
+CPU per cell: the user and system CPU time of the controller's process and of each worker
+process over ``--cpu-cells`` plain round trips (psutil ``cpu_times``), and the least wall time
+that much CPU needs on this machine's cores.
+
 Start-up: ``monarch_nb.up`` with its steps timed by wrappers in this process (starting the
 scheduler, nannies and worker processes; the client; the engine plugin; waiting for and
 attaching to the workers; the process group), then a first cell's ``import torch``; beside it,
@@ -368,6 +372,31 @@ def idle_cpu(ctl, seconds: float) -> dict:
     }
 
 
+# -- CPU per cell -------------------------------------------------------------------------------
+def cpu_per_cell(ctl, cells: int, warmup: int) -> dict[str, tuple[float, float]]:
+    """CPU time (user, system; ms) per trivial cell of this process (the controller, with the
+    scheduler and the nannies of a local cluster) and of each worker process, over ``cells``
+    round trips; the kernel counts CPU time in ticks (10 ms), so ``cells`` should take seconds."""
+    import psutil
+
+    procs = {"controller process": psutil.Process()}
+    for rank, pid in sorted(ctl.call(lambda engine: os.getpid()).to_dict().items()):
+        procs[f"rank {rank}'s worker process"] = psutil.Process(pid)
+    for _ in range(warmup):
+        ctl.run("x = 1")
+    before = {k: p.cpu_times() for k, p in procs.items()}
+    for _ in range(cells):
+        ctl.run("x = 1")
+    out = {}
+    for k, p in procs.items():
+        t = p.cpu_times()
+        out[k] = (
+            1e3 * (t.user - before[k].user) / cells,
+            1e3 * (t.system - before[k].system) / cells,
+        )
+    return out
+
+
 # -- the report ---------------------------------------------------------------------------------
 def _p(xs: list[float], q: float) -> float:
     xs = sorted(xs)
@@ -391,6 +420,8 @@ def measure(n: int, args) -> list[str]:
     unix_floor = socket_floor(n, args.floor_reps, unix=True)
     ctl, steps = start_up(n)
     try:
+        # before round_trip installs its stamps, which cost CPU of their own
+        cpu = cpu_per_cell(ctl, args.cpu_cells, args.warmup) if args.cpu_cells > 0 else None
         plain, pieces = round_trip(ctl, args.cells, args.warmup)
         idle = idle_cpu(ctl, args.idle) if args.idle > 0 else None
     finally:
@@ -418,6 +449,20 @@ def measure(n: int, args) -> list[str]:
         f"/ the Unix-domain floor: {p50 / ufl:.1f}x",
         "",
     ]
+    if cpu is not None:
+        lines.append(f"CPU time per trivial cell, {args.cpu_cells} cells; ms")
+        rows = [["process", "user", "system", "total"]]
+        for k, (user, system) in cpu.items():
+            rows.append([k, f"{user:.3f}", f"{system:.3f}", f"{user + system:.3f}"])
+        whole = sum(u + s for u, s in cpu.values())
+        rows.append(["all of them", "", "", f"{whole:.3f}"])
+        lines += _rows(rows)
+        cores = len(os.sched_getaffinity(0))
+        lines += [
+            f"on {cores} cores a round trip takes at least {whole / cores:.3f} ms of wall time "
+            "for that CPU time",
+            "",
+        ]
     lines.append("Start-up, ms")
     rows = [["step", "ms"]] + [[k, f"{v:.0f}"] for k, v in steps.items()]
     rows.append([f"bare python: {_IMPORTS}, 1 process", f"{alone:.0f}"])
@@ -437,6 +482,7 @@ def main() -> None:
     p.add_argument("--cells", type=int, default=300)
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--floor-reps", type=int, default=2000)
+    p.add_argument("--cpu-cells", type=int, default=5000, help="cells for CPU per cell (0: skip)")
     p.add_argument("--idle", type=float, default=30.0, help="seconds of idle (0: skip)")
     p.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
