@@ -44,6 +44,7 @@ def stop(pid: int) -> None:
     (by a request on its socket) still runs code after ``kill`` has returned."""
     os.kill(pid, signal.SIGSTOP)
     if not wait_for(lambda: all(state in "tT" for state in _thread_states(pid)), 30, 0.005):
+        os.kill(pid, signal.SIGCONT)  # as it was: the caller's clean-up is not reached
         raise AssertionError(f"process {pid} did not stop within 30 s of SIGSTOP")
 
 
