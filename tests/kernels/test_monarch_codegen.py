@@ -51,8 +51,11 @@ def _record_launches(monkeypatch, nblocks: int):
     for name in ("_batch_last_kernel", "_transpose_rows_kernel", "_sum_splits_kernel"):
         monkeypatch.setattr(triton_launch, name, Recorder(getattr(triton_launch, name)))
     monkeypatch.setattr(triton_launch, "interpreting", lambda: True)  # CPU tensors pass checks
+    # The blas path's block products (blas.py, torch.bmm) are not launches: their shapes only.
+    # Computed, they are minutes of bfloat16 GEMM on a CPU without bfloat16 instructions.
+    monkeypatch.setattr(torch, "bmm", _bmm_shape)
     monkeypatch.setattr(triton_launch, "_sm_count", lambda device: 132)  # an H200's split count
-    B, n, width = 16384, 4096, 4096 // nblocks  # (empty tensors: nothing is touched)
+    B, n, width = 16384, 4096, 4096 // nblocks  # (empty tensors: nothing is computed)
     x = torch.empty(B, n, dtype=torch.bfloat16)
     dy = torch.empty(B, n, dtype=torch.bfloat16)
     w1 = torch.empty(nblocks, width, width, dtype=torch.bfloat16)
@@ -62,6 +65,18 @@ def _record_launches(monkeypatch, nblocks: int):
         triton_launch.monarch_backward(dy, x, w1, w2, path=path, h=h)
         triton_launch.monarch_backward(dy, x, w1, w2, path=path)  # stage 1 recomputed
     return launches
+
+
+def _bmm_shape(a, b, *, out=None):
+    """``torch.bmm``'s result, its values left as they are: ``out``, or a new tensor."""
+    import torch
+
+    assert a.dim() == b.dim() == 3 and a.shape[0] == b.shape[0] and a.shape[2] == b.shape[1]
+    shape = (a.shape[0], a.shape[1], b.shape[2])
+    if out is None:
+        return torch.empty(shape, dtype=a.dtype)
+    assert tuple(out.shape) == shape and out.dtype == a.dtype
+    return out
 
 
 def _specialise(kernel, args, kwargs, config):
