@@ -7,11 +7,16 @@ import os
 import time
 
 
+def worker_pids(ctl) -> dict[int, int]:
+    """rank -> the pid of its worker process."""
+    return ctl.call(lambda engine: os.getpid()).to_dict()
+
+
 # -- idle -----------------------------------------------------------------------------------------
 def idle_cpu(ctl, seconds: float) -> dict:
     import psutil
 
-    pids = ctl.call(lambda engine: os.getpid())
+    pids = worker_pids(ctl)
     me = psutil.Process()
     procs = []
     for pid in pids.values():
@@ -51,7 +56,7 @@ def cpu_per_cell(ctl, cells: int, warmup: int) -> dict[str, tuple[float, float]]
     import psutil
 
     procs = {"controller process": psutil.Process()}
-    for rank, pid in sorted(ctl.call(lambda engine: os.getpid()).to_dict().items()):
+    for rank, pid in sorted(worker_pids(ctl).items()):
         procs[f"rank {rank}'s worker process"] = psutil.Process(pid)
     for _ in range(warmup):
         ctl.run("x = 1")
