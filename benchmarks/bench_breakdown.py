@@ -17,6 +17,11 @@ waits for every echo (each child blocked in ``recv``, as a rank's thread waits i
 the issue's floor. The same over Unix-domain sockets is printed beside it: a local cluster's
 data path uses them (wire.Listeners).
 
+Beyond the floor: the round trip of a lean client that writes and reads the controller's data
+sockets itself, against monarch-nb's engines and against a minimal exec server in each worker
+process (exec_floor.py), which splits what a cell takes beyond the floor into the controller's
+share and the rank's.
+
 CPU per cell: the user and system CPU time of the controller's process and of each worker
 process over ``--cpu-cells`` plain round trips (psutil ``cpu_times``), and the least wall time
 that much CPU needs on this machine's cores.
@@ -44,6 +49,7 @@ import sys
 import time
 
 import cpu_use
+import exec_floor
 import machine
 
 PACKAGES = ("torch", "monarch-nb", "dask", "distributed")
@@ -361,6 +367,8 @@ def measure(n: int, args) -> list[str]:
     try:
         # before round_trip installs its stamps, which cost CPU of their own
         cpu = cpu_use.cpu_per_cell(ctl, args.cpu_cells, args.warmup) if args.cpu_cells > 0 else None
+        lean = exec_floor.lean_client(ctl, args.cells, args.warmup)
+        minimal = exec_floor.exec_floor(ctl, args.cells, args.warmup)
         plain, pieces = round_trip(ctl, args.cells, args.warmup)
         idle = cpu_use.idle_cpu(ctl, args.idle) if args.idle > 0 else None
     finally:
@@ -388,6 +396,17 @@ def measure(n: int, args) -> list[str]:
         f"/ the Unix-domain floor: {p50 / ufl:.1f}x",
         "",
     ]
+    lines.append(f"Beyond the socket floor, {args.cells} cells; ms (exec_floor.py)")
+    rows = [["round trip", "p50", "p90", "/ socket floor"]]
+    for name, xs in (
+        (f"socket floor, 1 -> {n} processes", floor),
+        ("exec floor: a minimal server in each worker", minimal),
+        ("a lean client, monarch-nb's engines", lean),
+        ("monarch-nb (ctl.run)", plain),
+    ):
+        m = statistics.median(xs)
+        rows.append([name, f"{m:.3f}", f"{_p(xs, 0.9):.3f}", f"{m / fl:.1f}x"])
+    lines += [*_rows(rows), ""]
     if cpu is not None:
         lines.append(f"CPU time per trivial cell, {args.cpu_cells} cells; ms")
         rows = [["process", "user", "system", "total"]]
