@@ -28,7 +28,8 @@ from monarch_nb.wire import HEADER
 
 def _rounds(socks: list[socket.socket], frame_for, answered, cells: int, warmup: int):
     """Milliseconds of each of ``cells`` round trips after ``warmup``: ``frame_for(i)`` sent on
-    every socket, then what arrives read until ``answered(sock, data)`` said so for each."""
+    every socket, then each readable socket handed to ``answered(sock)``, which reads it and says
+    how many ranks it heard the end from, until every rank has answered."""
     ep = select.epoll()
     by_fd = {s.fileno(): s for s in socks}
     for fd in by_fd:
