@@ -29,14 +29,24 @@ from collections.abc import Mapping
 from typing import Any
 
 from monarch_nb import registry
-from monarch_nb.controller import attach, data, dispatch, lifecycle, scale, stacks, status, syntax
+from monarch_nb.controller import (
+    attach,
+    data,
+    dispatch,
+    gathering,
+    lifecycle,
+    scale,
+    stacks,
+    status,
+    syntax,
+)
 from monarch_nb.controller import sync as code_sync
 from monarch_nb.controller.dist import DistError, form_group, form_if_pending
 from monarch_nb.controller.handles import CellHandle
 from monarch_nb.controller.links import Link, RankInfo, Router
 from monarch_nb.controller.output import Renderer, live_sink
 from monarch_nb.controller.reader import Reader
-from monarch_nb.controller.results import ValueMesh
+from monarch_nb.controller.results import Interrupted, ValueMesh
 from monarch_nb.controller.targets import format_ranks, parse_targets
 from monarch_nb.errors import ClusterError
 from monarch_nb.notebook.comm_relay import CommRelay
@@ -202,18 +212,28 @@ class Controller:
         if cell.python is not cell.source:
             msg["source"] = cell.source
         if not block:
-            req = dispatch.submit(self, "execute", ranks, msg)
-            sink = live_sink(f"[{format_ranks(ranks)}] running in the background")
-            renderer = Renderer(ranks, sink=sink, collapse=collapse, stream=stream)
-            if watch is not None:
-                watch(req)
-            return CellHandle(self, req, renderer, timeout)
-        with self._reader.borrow():  # before the send: the first reply may come at once
+            with gathering.sigint_sets() as stop:  # a Ctrl-C waits until every rank has it
+                req = dispatch.submit(self, "execute", ranks, msg)
+                sink = live_sink(f"[{format_ranks(ranks)}] running in the background")
+                renderer = Renderer(ranks, sink=sink, collapse=collapse, stream=stream)
+                handle = CellHandle(self, req, renderer, timeout)
+                if watch is not None:
+                    watch(req)
+            if stop.is_set():  # the caller is stopped, and so is the cell it was starting
+                handle.interrupt()
+                raise Interrupted(
+                    f"interrupted as the cell was started in the background; it was "
+                    f"interrupted on {format_ranks(ranks)} too"
+                )
+            return handle
+        # Both before the send: the first reply may come at once, and a Ctrl-C is held until
+        # every rank has the cell (gathering.sigint_sets).
+        with self._reader.borrow(), gathering.sigint_sets() as stop:
             req = dispatch.submit(self, "execute", ranks, msg)
             renderer = Renderer(ranks, collapse=collapse, stream=stream)
             if watch is not None:
                 watch(req)
-            outcomes, stopped = dispatch.collect(self, req, renderer, timeout)
+            outcomes, stopped = dispatch.collect(self, req, renderer, timeout, stop)
         return dispatch.settle(self, req, outcomes, stopped, timeout)
 
     def call(self, fn, *args, targets=None, per_rank: Mapping[int, tuple] | None = None):

@@ -76,9 +76,11 @@ def call(
         msg, per = {"op": "call"}, blobs
     else:
         msg, per = {"op": "call", "fn": cloudpickle.dumps((fn, args))}, None
-    with ctl._reader.borrow():  # before the send: the first reply may come at once
+    # Both before the send: the first reply may come at once, and a Ctrl-C is held until
+    # every rank has the request (gathering.sigint_sets).
+    with ctl._reader.borrow(), gathering.sigint_sets() as stop:
         req = submit(ctl, "call", ranks, msg, per)
-        outcomes, stopped = collect(ctl, req, Renderer(ranks))
+        outcomes, stopped = collect(ctl, req, Renderer(ranks), stop=stop)
     return settle(ctl, req, outcomes, stopped)
 
 
@@ -100,7 +102,8 @@ def say_waiting(ctl: Controller, ranks: list[int], what: str) -> None:
 
 def collect(ctl: Controller, req: Request, renderer: Renderer, timeout=None, stop=None):
     """Gather a request; on Ctrl-C or timeout (or ``stop`` set: a background cell's
-    ``handle.interrupt()``) interrupt the ranks still running."""
+    ``handle.interrupt()``, or a Ctrl-C while the request was sent) interrupt the ranks still
+    running."""
     outcomes: dict[int, dict] = {}
     deadline = None if timeout is None else time.monotonic() + timeout
     with gathering.sigint_sets(stop) as stop:

@@ -139,21 +139,29 @@ def settle(
     raise CellError(errors, ValueMesh(values), ranks, f"interrupted {format_ranks(running)}")
 
 
+_armed: threading.Event | None = None  # the Event the main thread's Ctrl-C sets, if any
+
+
 @contextlib.contextmanager
 def sigint_sets(stop: threading.Event | None = None):
-    """While gathering on the main thread, Ctrl-C (the kernel's interrupt, SIGINT) sets an
-    Event instead of raising wherever the main thread happens to be: a KeyboardInterrupt inside
-    a library callback is swallowed, and one between taking an event and showing it loses it.
-    ``stop``: an Event of the caller's to use (a background cell's handle sets it)."""
+    """While sending and gathering on the main thread, Ctrl-C (the kernel's interrupt, SIGINT)
+    sets an Event instead of raising wherever the main thread happens to be: one between two
+    ranks' sends leaves the request with some ranks only, one after the sends leaves the
+    request running unwatched, one inside a library callback is swallowed, and one between
+    taking an event and showing it loses it. ``stop``: an Event of the caller's to use (a
+    background cell's handle sets it); the one already armed is left as it is."""
+    global _armed
     stop = threading.Event() if stop is None else stop
-    if threading.current_thread() is not threading.main_thread():
+    if stop is _armed or threading.current_thread() is not threading.main_thread():
         yield stop
         return
     # _signal: the signal module's enum wrapping was a tenth of a trivial cell's own time
     previous = _signal.signal(_signal.SIGINT, lambda signum, frame: stop.set())
+    outer, _armed = _armed, stop
     try:
         yield stop
     finally:
+        _armed = outer
         _signal.signal(_signal.SIGINT, previous)
 
 
