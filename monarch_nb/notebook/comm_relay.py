@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from monarch_nb.notebook import widget_states
+
 logger = logging.getLogger("monarch_nb")
 
 SUBSHELL_TIMEOUT = 5.0
@@ -72,7 +74,8 @@ class CommRelay:
             if _kernel() is None:
                 return
             self._ensure_subshell()
-            twin = _twin_class()(self, rank, comm_id, ev["target_name"], ev["data"])
+            widget_states.serve(self)  # a reloaded page is told of the twins' models
+            twin = _twin_class()(self, rank, comm_id, ev["target_name"], ev["data"], ev["buffers"])
             with self._lock:
                 self._twins[comm_id] = twin
             twin.open(data=ev["data"], metadata=ev["metadata"], buffers=ev["buffers"])
@@ -86,7 +89,7 @@ class CommRelay:
         data = ev["data"]
         with self._out:
             if ev["type"] == "comm_msg":
-                twin.note(data)
+                twin.note(data, ev["buffers"])
                 if not ev["buffers"] and self._hold(twin, data):
                     return
             self._send_held(twin)
@@ -133,10 +136,17 @@ class CommRelay:
                 except Exception:
                     logger.exception("monarch_nb: cannot relay a widget's update")
 
+    def twins(self) -> list:
+        with self._lock:
+            return list(self._twins.values())
+
     def forward(self, twin, msg: dict[str, Any]) -> None:
         """The browser's message to ``twin`` (on the kernel's thread that dispatched it)."""
         content = msg.get("content", {})
         kind = msg.get("header", {}).get("msg_type", "comm_msg")
+        buffers = [bytes(b) for b in msg.get("buffers") or ()]
+        if kind == "comm_msg":
+            twin.note(content.get("data"), buffers)  # a slider moved: the twin's state too
         if kind == "comm_close":
             with self._lock:
                 self._twins.pop(twin.comm_id, None)
@@ -148,7 +158,7 @@ class CommRelay:
                     "type": kind,
                     "comm_id": twin.comm_id,
                     "data": content.get("data") or {},
-                    "buffers": [bytes(b) for b in msg.get("buffers") or ()],
+                    "buffers": buffers,
                 },
             )
             if sent:
@@ -241,13 +251,14 @@ def _twin_class():
     class Twin(BaseComm):
         """The notebook kernel's end of one rank comm."""
 
-        def __init__(self, relay: CommRelay, rank: int, comm_id: str, target: str, data):
+        def __init__(self, relay: CommRelay, rank: int, comm_id: str, target: str, data, buffers):
             self.relay, self.rank, self.dead = relay, rank, False
             self.marked = False  # shown as disconnected
             self.held: dict[str, Any] | None = None  # a state update waiting for its turn
             self.sent_at = 0.0  # when the last state update went to the browser
             self.state: dict[str, Any] = {}  # the model's last state, buffers left out
-            self.note(data)
+            self.buffers: dict[tuple, bytes] = {}  # and those, by their path in the state
+            self.note(data, buffers)
             super().__init__(target_name=target, comm_id=comm_id, primary=False)
             self.on_msg(lambda msg: relay.forward(self, msg))
             self.on_close(lambda msg: relay.forward(self, msg))
@@ -255,10 +266,19 @@ def _twin_class():
         def _reply_subshell_for(self, data, default):
             return self.relay.subshell or default
 
-        def note(self, data) -> None:
-            if isinstance(data, dict) and isinstance(data.get("state"), dict):
-                paths = {p[0] for p in data.get("buffer_paths") or () if p}
-                self.state.update((k, v) for k, v in data["state"].items() if k not in paths)
+        def note(self, data, buffers=()) -> None:
+            """Keep the state that ``data`` (a message either way) sets."""
+            if not (isinstance(data, dict) and isinstance(data.get("state"), dict)):
+                return
+            paths = [tuple(p) for p in data.get("buffer_paths") or () if p]
+            given = set(data["state"]) | {p[0] for p in paths}
+            self.buffers = {p: b for p, b in self.buffers.items() if p[0] not in given}
+            self.buffers.update(zip(paths, (bytes(b) for b in buffers), strict=False))
+            self.state.update(data["state"])
+
+        def full_state(self) -> tuple[dict[str, Any], list[list], list[bytes]]:
+            """The model's last state, its buffers' paths and its buffers."""
+            return dict(self.state), [list(p) for p in self.buffers], list(self.buffers.values())
 
         def _disconnected(self) -> dict[str, Any]:
             change = {}
@@ -285,7 +305,8 @@ def _twin_class():
             """The browser spoke to a disconnected widget: it gets the last state back (a
             state request is answered, so that a page reload does not wait for a dead rank)."""
             self.show_disconnected()
-            self.send({"method": "update", "state": dict(self.state), "buffer_paths": []})
+            state, paths, buffers = self.full_state()
+            self.send({"method": "update", "state": state, "buffer_paths": paths}, buffers=buffers)
 
     _Twin = Twin
     return Twin

@@ -302,3 +302,52 @@ def test_a_slider_on_a_rank_moved_in_the_browser_changes_the_value_on_the_rank(l
     expect(readout).to_have_text("2", timeout=10_000)
     shot(out, ARTIFACTS / "slider.png")
     assert not live.watch.problems[seen:], "\n".join(live.watch.problems[seen:])
+
+
+@pytest.mark.timeout(240)
+def test_a_ranks_widget_shows_again_after_the_page_is_reloaded(live):
+    """A person reloads the page while the cluster is up: the rank's slider shows again, with
+    the value set on the rank since and the one set in the browser, and still moves the value
+    on the rank. (Last in the module: the page it leaves is a reloaded one.)"""
+    from playwright.sync_api import expect
+
+    shown = live.run(
+        "%%monarch --targets 0\nimport ipywidgets\n"
+        "kept = ipywidgets.IntSlider(value=4, min=0, max=10, description='kept')\ndisplay(kept)"
+    )
+    index = shown["index"]
+    out = live.cell(index).locator(".jp-OutputArea")
+    out.locator(".noUi-handle").click()
+    out.locator(".noUi-handle").press("ArrowRight")  # 5, set in the browser
+    expect(out.locator(".widget-readout")).to_have_text("5", timeout=10_000)
+    live.run("%%monarch --targets 0\nkept.max = 20")  # set on the rank
+    live.page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    live.page.wait_for_function(
+        "() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000
+    )
+    seen = len(live.watch.problems)
+    live.page.reload()
+    live.page.wait_for_function(
+        "() => window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel",
+        timeout=120_000,
+    )
+    out = live.cell(index).locator(".jp-OutputArea")
+    handle = out.locator(".noUi-handle")
+    try:
+        handle.wait_for(timeout=30_000)
+        readout = out.locator(".widget-readout")
+        expect(readout).to_have_text("5", timeout=10_000)
+        assert handle.get_attribute("aria-valuemax") in ("20", "20.0")
+    finally:
+        shot(out, ARTIFACTS / "slider-reloaded.png")
+    handle.click()
+    handle.press("ArrowRight")
+    expect(readout).to_have_text("6", timeout=10_000)
+    deadline = time.monotonic() + 15
+    while True:
+        back = live.run("%%monarch --targets 0\nkept.value")
+        if "ValueMesh({0: 6})" in plain(back) or time.monotonic() > deadline:
+            break
+        live.page.wait_for_timeout(500)
+    assert "ValueMesh({0: 6})" in plain(back), plain(back)
+    assert not live.watch.problems[seen:], "\n".join(live.watch.problems[seen:])

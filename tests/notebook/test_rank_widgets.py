@@ -254,6 +254,45 @@ def test_a_flood_of_carriage_returns_is_throttled_and_nothing_else_is_lost(kerne
     assert len(msgs) < 200, len(msgs)
 
 
+def test_a_reloaded_page_is_told_of_the_ranks_widgets_as_they_are_now(kernel):
+    """A page that loads (or reloads) the notebook asks for every widget's state at once on
+    ipywidgets' control comm, and builds only the models it is told of: the answer has the
+    ranks' widgets, with what was set on the rank and in the browser since, and their bytes."""
+    comm_id = slider(kernel, 0, "r", value=1)
+    kernel.comm_msg(comm_id, {"method": "update", "state": {"value": 2}, "buffer_paths": []})
+    msgs = kernel.run(
+        "%%monarch --targets 0\nr.max = 50\nfrom ipywidgets import Image\n"
+        "img = Image(value=b'first')\ndisplay(img)\nimg.value = b'second'"
+    )
+    image = opened(msgs, "ImageModel")[0]["comm_id"]
+    own = text(kernel.run("import ipywidgets\nown = ipywidgets.IntText(5)\nprint(own.model_id)"))
+    own = own.split()[-1]
+    control = "control-of-a-reloaded-page"
+    kernel.kc.shell_channel.send(
+        kernel.kc.session.msg(
+            "comm_open",
+            {"comm_id": control, "target_name": "jupyter.widget.control", "data": {}},
+            metadata={"version": "1.0.0"},
+        )
+    )
+    kernel.comm_msg(control, {"method": "request_states"})
+    answers = kernel.messages(
+        "", timeout=30, until=lambda m: m["content"].get("comm_id") == control
+    )
+    answer = answers[-1]
+    data = answer["content"]["data"]
+    assert data["method"] == "update_states", summary(answers)
+    states = data["states"]
+    assert states[comm_id]["model_name"] == "IntSliderModel"
+    assert states[comm_id]["state"]["value"] == 2  # moved in the browser
+    assert states[comm_id]["state"]["max"] == 50  # set on the rank
+    layout = states[comm_id]["state"]["layout"].removeprefix("IPY_MODEL_")
+    assert states[layout]["model_name"] == "LayoutModel"  # the models it refers to too
+    where = data["buffer_paths"].index([image, "state", "value"])
+    assert bytes(answer["buffers"][where]) == b"second"
+    assert states[own]["state"]["value"] == 5  # and the kernel's own, as before
+
+
 def test_a_dead_ranks_widget_says_it_is_disconnected_and_answers(kernel):
     comm_id = slider(kernel, 1, "d")
     pid = int(text(kernel.run("%%monarch --targets 1\nimport os\nprint(os.getpid())")).split()[-1])
