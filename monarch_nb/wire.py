@@ -5,6 +5,7 @@ a caller on the same host)."""
 
 from __future__ import annotations
 
+import _signal
 import asyncio
 import contextlib
 import logging
@@ -12,6 +13,7 @@ import os
 import pickle
 import secrets
 import select
+import signal
 import socket
 import ssl
 import struct
@@ -23,6 +25,33 @@ from typing import Any
 from distributed.comm import CommClosedError
 
 logger = logging.getLogger("monarch_nb")
+
+
+class SigintHold:
+    """Once armed, Ctrl-C (SIGINT) on the main thread waits for ``release()``, then is
+    delivered as it would have been: a message sent to several peers reaches all of them, not
+    the first few (one actor in a collective that the others never join waits for ever).
+    Armed only where a write happens, so a send that writes nothing costs nothing more."""
+
+    def __init__(self) -> None:
+        self._pressed: list[int] = []
+        self._previous: Any = None
+        self._armed = False
+
+    def arm(self) -> None:
+        if self._armed or threading.current_thread() is not threading.main_thread():
+            return
+        # _signal: the signal module's enum wrapping costs more than the send it guards
+        self._previous = _signal.signal(_signal.SIGINT, lambda s, f: self._pressed.append(s))
+        self._armed = True
+
+    def release(self) -> None:
+        if not self._armed:
+            return
+        self._armed = False
+        _signal.signal(_signal.SIGINT, self._previous)
+        if self._pressed:
+            signal.raise_signal(signal.SIGINT)  # the handler put back takes it now
 
 
 class Writer:

@@ -22,7 +22,7 @@ from typing import Any
 from distributed.comm import CommClosedError, connect
 
 from monarch_nb.actors import transport
-from monarch_nb.wire import FrameConn
+from monarch_nb.wire import FrameConn, SigintHold
 
 ATTACH = "monarch_actors_attach"
 logger = logging.getLogger("monarch_nb.actors")
@@ -84,8 +84,17 @@ class Mailbox:
 
     def send(self, msgs: list[tuple[str, dict]], pending: Pending | None = None) -> None:
         """Send each ``(address, message)`` in order; ``pending`` collects the replies. The
-        messages to one address go in one frame, written by this thread."""
+        messages to one address go in one frame, written by this thread. A Ctrl-C meanwhile
+        is raised once every address has its messages."""
+        hold = SigintHold()
+        try:
+            self._send(msgs, pending, hold)
+        finally:
+            hold.release()
+
+    def _send(self, msgs: list[tuple[str, dict]], pending: Pending | None, hold) -> None:
         if pending is not None:
+            hold.arm()  # before the replies are owed
             msgs = [(a, {**m, "id": pending.id}) for a, m in msgs]
         batches: dict[str, list[dict]] = {}
         for address, msg in msgs:
@@ -116,6 +125,7 @@ class Mailbox:
                     self._corked.add(conn)
                     conn.corked.extend(batch)
                 else:
+                    hold.arm()  # a broadcast's cork is full: written here, to each actor
                     self._post(conn, batch)
             reader = self._reader if tick else None
         if reader is not None:
