@@ -32,8 +32,9 @@ def _engine_sockets() -> list[str]:
 def _actor_sockets() -> list[str]:
     from monarch_nb.actors.worker import current_host
 
-    host = current_host()  # None where no actor has been spawned yet
-    channels = host._wire.channels.values() if host is not None else ()
+    host = current_host()
+    wire = host._wire if host is not None else None  # None until an actor is called here
+    channels = wire.channels.values() if wire is not None else ()
     return [c.conn.sock.family.name for c in channels if c.conn]
 
 
