@@ -32,6 +32,7 @@ def serve(relay: CommRelay) -> None:
     _relays.add(relay)
     if _serving:
         return
+    _serving = True
     try:
         import ipywidgets  # noqa: F401  (first: it registers its own handler, which ours wraps)
     except ImportError:  # the kernel has no ipywidgets: nothing asks on the control comm
@@ -39,7 +40,6 @@ def serve(relay: CommRelay) -> None:
     from comm import get_comm_manager
 
     get_comm_manager().register_target(CONTROL_TARGET, _opened)
-    _serving = True
 
 
 def _opened(comm, msg) -> None:
@@ -62,8 +62,10 @@ def with_twins(data: dict[str, Any], buffers: list) -> tuple[dict[str, Any], lis
     paths, buffers = list(data.get("buffer_paths") or []), list(buffers)
     for relay in list(_relays):
         for twin in relay.twins():
+            if twin.target_name != WIDGET_TARGET:
+                continue
             state, twin_paths, twin_buffers = twin.full_state()
-            if twin.target_name != WIDGET_TARGET or "_model_name" not in state:
+            if "_model_name" not in state:
                 continue
             states[twin.comm_id] = {
                 "model_name": state["_model_name"],

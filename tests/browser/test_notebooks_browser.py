@@ -267,6 +267,17 @@ def test_a_tqdm_notebook_loop_on_two_ranks_ends_with_two_bars(live):
     assert "rank 0" in cell["text"] and "rank 1" in cell["text"], cell["text"]
 
 
+def rank_0_reads(live, name: str, value: int, seconds: float = 15) -> str:
+    """What ``name.value`` reads on rank 0, asked until it is ``value`` (the browser's change
+    is on its way) or ``seconds`` pass: the last answer's text."""
+    deadline = time.monotonic() + seconds
+    while True:
+        back = plain(live.run(f"%%monarch --targets 0\n{name}.value"))
+        if f"ValueMesh({{0: {value}}})" in back or time.monotonic() > deadline:
+            return back.strip()
+        live.page.wait_for_timeout(500)
+
+
 @pytest.mark.timeout(180)
 def test_a_slider_on_a_rank_moved_in_the_browser_changes_the_value_on_the_rank(live):
     from playwright.sync_api import expect
@@ -288,15 +299,8 @@ def test_a_slider_on_a_rank_moved_in_the_browser_changes_the_value_on_the_rank(l
     for value in range(4, 8):  # a step at a time, as a person watching the readout would
         handle.press("ArrowRight")
         expect(readout).to_have_text(str(value), timeout=10_000)
-    deadline = time.monotonic() + 15
-    while True:
-        back = live.run("%%monarch --targets 0\nslider.value")
-        if "ValueMesh({0: 7})" in plain(back) or time.monotonic() > deadline:
-            break
-        live.page.wait_for_timeout(500)
-    assert "ValueMesh({0: 7})" in plain(back), (
-        f"the slider shows 7 in the browser; rank 0 reads {plain(back)!r}"
-    )
+    back = rank_0_reads(live, "slider", 7)
+    assert "ValueMesh({0: 7})" in back, f"the slider shows 7 in the browser; rank 0 reads {back!r}"
     # and the other way: set on the rank, moved in the browser
     live.run("%%monarch --targets 0\nslider.value = 2")
     expect(readout).to_have_text("2", timeout=10_000)
@@ -343,11 +347,6 @@ def test_a_ranks_widget_shows_again_after_the_page_is_reloaded(live):
     handle.click()
     handle.press("ArrowRight")
     expect(readout).to_have_text("6", timeout=10_000)
-    deadline = time.monotonic() + 15
-    while True:
-        back = live.run("%%monarch --targets 0\nkept.value")
-        if "ValueMesh({0: 6})" in plain(back) or time.monotonic() > deadline:
-            break
-        live.page.wait_for_timeout(500)
-    assert "ValueMesh({0: 6})" in plain(back), plain(back)
+    back = rank_0_reads(live, "kept", 6)
+    assert "ValueMesh({0: 6})" in back, f"the slider shows 6 in the browser; rank 0 reads {back!r}"
     assert not live.watch.problems[seen:], "\n".join(live.watch.problems[seen:])
