@@ -197,6 +197,7 @@ class Controller:
         (``block=False``: a CellHandle at once). ``code`` may be a cell already parsed
         (``syntax.parse``: the magic's), which is sent as it is. ``watch(request)`` is called
         once the cell is sent (the magic puts a live panel on it)."""
+        dispatch.check_timeout(timeout)
         self._check_open()
         self.announce()
         ranks = self.targets(targets)

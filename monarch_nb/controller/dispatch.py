@@ -5,6 +5,7 @@ answer, and the info a rank answers on its event loop even while a cell runs."""
 from __future__ import annotations
 
 import contextlib
+import numbers
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -34,6 +35,21 @@ ANSWER_WITHIN = INTERRUPT_GRACE + 0.25
 # A rank that did not answer before gets this long to answer again (a stopped process that was
 # let go on answers in milliseconds), so that status and the checks after an interrupt stay quick.
 SILENT_WAIT = 0.25
+
+
+def check_timeout(timeout) -> None:
+    """A cell's ``timeout``: None, or seconds above 0 as ``--timeout`` takes them (0 or less
+    would give up before the ranks could start, and NaN would never come)."""
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(
+            f"timeout must be a number of seconds, or None for no limit; got {timeout!r}"
+        )
+    if not timeout > 0:
+        raise ValueError(
+            f"timeout must be more than 0 seconds, or None for no limit; got {timeout}"
+        )
 
 
 def submit(

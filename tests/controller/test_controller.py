@@ -333,6 +333,27 @@ def test_timeout_interrupts_and_names_the_ranks(clean):
     assert clean.run("rank").values() == [0, 1]
 
 
+@pytest.mark.parametrize(
+    ("timeout", "error", "says"),
+    [
+        (-1, ValueError, "timeout must be more than 0 seconds, or None for no limit; got -1"),
+        (0, ValueError, "got 0"),
+        (float("nan"), ValueError, "got nan"),
+        ("3", TypeError, "timeout must be a number of seconds, or None for no limit; got '3'"),
+        (True, TypeError, "got True"),
+    ],
+)
+def test_a_timeout_that_cannot_be_kept_is_refused_before_anything_is_sent(
+    clean, timeout, error, says
+):
+    # A timeout in the past used to be ignored: the cell ran without one.
+    for block in (True, False):
+        with pytest.raises(error) as info:
+            clean.run("ran = True", timeout=timeout, block=block)
+        assert says in str(info.value)
+    assert clean.run("'ran' in globals()").values() == [False, False]
+
+
 def test_an_interrupt_of_idle_ranks_spares_the_cell_sent_right_after(clean):
     # The interrupt travels on the control comm, the cell on the data path, which is faster:
     # the cell must not be taken for what ran when the interrupt was asked for.
