@@ -144,9 +144,16 @@ class Controller:
                 self._notices.append(text)
 
     def announce(self) -> None:
-        """Print the notices to stderr (the magics and run() do this before they start)."""
-        for text in self.notices():
+        """Print the notices to stderr (the magics and run() do this before they start), sent
+        at once: a kernel buffers stdout and stderr apart and sends stdout first, so a notice
+        left in its buffer came after what the command printed next ("cluster shut down")."""
+        texts = self.notices()
+        if not texts:
+            return
+        sys.stdout.flush()  # what was printed before the notices stays before them
+        for text in texts:
             print(f"monarch-nb: {text}", file=sys.stderr)
+        sys.stderr.flush()
 
     def notices(self) -> list[str]:
         """What happened to the cluster since the last call (lost and replaced workers)."""

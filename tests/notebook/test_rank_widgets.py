@@ -7,60 +7,22 @@ rank's widgets say so without hanging anything."""
 from __future__ import annotations
 
 import os
-import queue
 import signal
-import time
 
 import pytest
-from _kernel import KernelProcess
+from _kernel import CellKernel, summary
 
 pytest.importorskip("ipywidgets")
 pytest.importorskip("tqdm")
 
 
-class Kernel(KernelProcess):
-    """A kernel with a 2-rank cluster; ``run`` returns every iopub message of a cell."""
-
-    def start(self, code: str) -> str:
-        return self.kc.execute(code)
-
-    def messages(self, msg_id: str, timeout: float = 120, until=None) -> list[dict]:
-        """The iopub messages of ``msg_id`` up to its idle status (or until ``until(msg)``)."""
-        out: list[dict] = []
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            assert left > 0, f"no end of {msg_id} within {timeout} s: {summary(out)}"
-            try:
-                msg = self.kc.get_iopub_msg(timeout=left)
-            except queue.Empty:
-                continue
-            out.append(msg)
-            if until is not None and until(msg):
-                return out
-            if (
-                msg["parent_header"].get("msg_id") == msg_id
-                and msg["msg_type"] == "status"
-                and msg["content"]["execution_state"] == "idle"
-            ):
-                return out
-
-    def run(self, code: str, timeout: float = 120) -> list[dict]:
-        msg_id = self.start(code)
-        msgs = self.messages(msg_id, timeout)
-        reply = self.kc.get_shell_msg(timeout=10)
-        assert reply["content"]["status"] == "ok", (reply["content"], summary(msgs))
-        return msgs
+class Kernel(CellKernel):
+    """A kernel with a 2-rank cluster, to which the browser's widget messages are sent."""
 
     def comm_msg(self, comm_id: str, data: dict) -> None:
         """What the browser sends to a widget's comm."""
         msg = self.kc.session.msg("comm_msg", {"comm_id": comm_id, "data": data})
         self.kc.shell_channel.send(msg)
-
-
-def summary(msgs: list[dict]) -> list:
-    """The last messages, short: what a failure shows."""
-    return [(m["msg_type"], str(m["content"])[:200]) for m in msgs[-30:]]
 
 
 def text(msgs: list[dict]) -> str:
