@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextvars
 import itertools
+import re
 import sys
 import threading
 import uuid
@@ -89,6 +90,23 @@ MAX_BROADCAST_ERRORS = 100
 CLUSTER_DOWN = "the cluster was shut down"
 CLOSED = "the actor system was closed for this controller (actors.close())"
 RESTARTED = "the workers were restarted (%monarch restart); spawn again on a new proc_mesh()"
+# Why the scheduler removed a worker, from the id Dask gives the event
+# ("handle-worker-cleanup-1796258544.84"): in words, for a SupervisionError.
+REMOVED_BECAUSE = {
+    "handle-worker-cleanup": "its connection to the scheduler closed",
+    "check-worker-ttl": "it sent the scheduler no heartbeat for too long",
+    "retire-workers": "it was retired as the cluster scaled down",
+    "worker-close-gracefully": "it closed",
+    "nanny-close": "its nanny closed",
+    "client-restart": "the workers were restarted",
+    "client-restart-workers": "the workers were restarted",
+}
+
+
+def removed_because(stimulus_id: str | None) -> str:
+    """Why the scheduler removed a worker, from its event's ``stimulus_id``."""
+    kind = re.sub(r"-[0-9.e+-]+$", "", stimulus_id or "")
+    return REMOVED_BECAUSE.get(kind, f"Dask says {kind!r}" if kind else "no reason given")
 
 
 class _Member(NamedTuple):
@@ -128,8 +146,8 @@ class _ControllerActors:
         def on_event(event) -> None:
             _, msg = event
             if isinstance(msg, dict) and msg.get("action") == "remove-worker":
-                why = msg.get("stimulus_id") or "no reason given"
-                self.mailbox.mark_dead(address, f"the scheduler removed the worker ({why})")
+                why = removed_because(msg.get("stimulus_id"))
+                self.mailbox.mark_dead(address, f"the scheduler removed the worker: {why}")
 
         return on_event
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import _thread
 import os
 import pickle
+import re
 import signal
 import threading
 import time
@@ -566,6 +567,7 @@ def test_a_worker_killed_mid_call_raises_supervision_error(own_cluster, cell):
     assert e.value.rank == 1 and e.value.mesh == "victims"
     assert "actor mesh 'victims' rank 1 is dead" in str(e.value)
     assert "connection closed" in e.value.cause or "scheduler removed" in e.value.cause
+    assert not re.search(r"\d{6}", e.value.cause), e.value.cause  # no Dask event id
 
     start = time.monotonic()
     with pytest.raises(SupervisionError, match="rank 1 is dead"):
@@ -661,3 +663,18 @@ def test_the_actors_notebook_shows_counters_ping_pong_training_and_failures():
         "fragile rank 1: the worker process"
         in out["for name, rank, cause in actors.dead_actors():"]
     )
+
+
+def test_why_the_scheduler_removed_a_worker_is_said_in_words_not_as_dasks_event_id():
+    from monarch_nb.actors.mesh import removed_because
+
+    said = removed_because("handle-worker-cleanup-1796258544.8449805")
+    assert said == "its connection to the scheduler closed"
+    assert removed_because("check-worker-ttl-1796258544.5") == (
+        "it sent the scheduler no heartbeat for too long"
+    )
+    assert removed_because("retire-workers-1796258544.5") == (
+        "it was retired as the cluster scaled down"
+    )
+    assert removed_because("a-new-reason-1796258544.5") == "Dask says 'a-new-reason'"
+    assert removed_because(None) == removed_because("") == "no reason given"
