@@ -38,6 +38,7 @@ _EXPORTS = {
     "monarch_nb.controller.targets": ("TargetError", "parse_targets"),
     "monarch_nb.errors": ("ClusterError", "current"),
     "monarch_nb.notebook.bokeh_display": ("show",),
+    "monarch_nb.rank.labels": ("label",),
     "monarch_nb.telemetry.metrics": ("history",),
     "monarch_nb.telemetry.recorder": ("log",),
 }
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
     from monarch_nb.controller.targets import TargetError, parse_targets
     from monarch_nb.errors import ClusterError, current
     from monarch_nb.notebook.bokeh_display import show
+    from monarch_nb.rank.labels import label
     from monarch_nb.telemetry.metrics import history
     from monarch_nb.telemetry.recorder import log
 
@@ -108,6 +110,7 @@ __all__ = [
     "current_size",
     "endpoint",
     "history",
+    "label",
     "load_ipython_extension",
     "log",
     "parse_targets",

@@ -24,6 +24,30 @@ def ctl():
     controller.down()
 
 
+@pytest.fixture(scope="session")
+def ctl4():
+    """One 4-rank cluster with the device mesh dp=2,tp=2, for the tests of parallel training."""
+    import monarch_nb
+
+    controller = monarch_nb.up(cpu=True, mesh={"dp": 2, "tp": 2}, current=False)
+    yield controller
+    controller.down()
+
+
+@pytest.fixture
+def mesh4(ctl4):
+    """The 4-rank cluster with empty namespaces and its dp=2,tp=2 mesh, made current."""
+    from monarch_nb import errors as module
+
+    saved = module.current()
+    if ctl4.mesh_shape != {"dp": 2, "tp": 2}:
+        ctl4.set_mesh({"dp": 2, "tp": 2})
+    ctl4.reset()
+    module.set_current(ctl4)
+    yield ctl4
+    module.set_current(saved)
+
+
 @pytest.fixture
 def clean(ctl):
     """The shared cluster with empty namespaces, made current again."""

@@ -34,6 +34,10 @@ export class RankTable extends Widget {
       const cells = tr.cells;
       cells[0].textContent = String(row.rank);
       cells[0].style.color = rankColor(row.rank);
+      if (row.labels) {
+        // under the number: its mesh coordinates, a pipeline stage's name
+        cells[0].appendChild(el('div', 'monarch-rank-labels', row.labels));
+      }
       cells[1].textContent = row.host ?? '-';
       cells[2].textContent = row.status;
       cells[2].className = `monarch-state monarch-state-${row.status}`;

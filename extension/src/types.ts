@@ -30,6 +30,8 @@ export interface IRankRow {
   mem_total: number | null;
   step: number | null;
   loss: number | null;
+  /** The rank's mesh coordinates and monarch_nb.label()s: "dp=1 tp=0 stage=embed". */
+  labels?: string;
 }
 
 export interface ILossSeries {

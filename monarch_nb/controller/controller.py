@@ -40,6 +40,9 @@ from monarch_nb.controller import (
     status,
     syntax,
 )
+from monarch_nb.controller import (
+    mesh as device_mesh,
+)
 from monarch_nb.controller import sync as code_sync
 from monarch_nb.controller.dist import DistError, form_group, form_if_pending
 from monarch_nb.controller.handles import CellHandle
@@ -67,6 +70,7 @@ class Controller:
         expected: int | None = None,
         dist: bool = True,
         backend: str | None = None,
+        mesh: device_mesh.Shape | None = None,
     ):
         self.client = client
         # Kept: the client forgets its scheduler once it closes, and messages still name it.
@@ -102,6 +106,8 @@ class Controller:
         self.dist_backend: str | None = None  # the process group's backend, once formed
         self.dist_error: str | None = None
         self.regroup_pending = False  # an interrupt left the group out of step (dist.py)
+        self.mesh_shape = mesh  # the device mesh every rank builds over the group (mesh.py)
+        self.mesh_error: str | None = None
         self._group_lock = threading.Lock()
         self.client.register_plugin(EnginePlugin(_process_group()), name=PLUGIN_NAME)
         self.metrics = metrics.install(self.client)
@@ -122,6 +128,8 @@ class Controller:
                 self.dist_backend = form_group(self, self.dist_backend_choice)
             except DistError as e:
                 self.dist_error = str(e)
+                return
+            device_mesh.build(self)
 
     def _send_comm(self, rank: int, msg: dict[str, Any]) -> bool:
         """A browser's message to a widget on ``rank``, on its control comm: not queued behind
@@ -318,7 +326,7 @@ class Controller:
         return stacks.ask(self, targets, native)
 
     def status(self) -> list[dict[str, Any]]:
-        """One row per rank: rank, host, pid, device, state, names."""
+        """One row per rank: rank, host, pid, device, state, names, labels."""
         self._check_open()
         self.announce()
         return status.rows(self)
@@ -344,6 +352,17 @@ class Controller:
         The cluster must have ``scale()`` (``up``'s, a ``--cluster`` factory's); refused while
         a cell runs. ``wait``: seconds for new workers to join (60 locally, else 600)."""
         return scale.scale(self, n, wait)
+
+    def set_mesh(self, shape) -> device_mesh.Shape | None:
+        """Have every rank build a ``torch.distributed`` DeviceMesh of ``shape`` (``{"dp": 2,
+        "tp": 2}`` or ``"dp=2,tp=2"``; the sizes' product is the world size), named ``mesh`` in
+        the ranks' namespaces; ``None`` drops it. Built again whenever the process group forms
+        again (a replaced worker, ``scale``, which resizes the first dimension)."""
+        return device_mesh.set_mesh(self, shape)
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """``rank``'s place in the mesh (``{"dp": 1, "tp": 0}``); empty without a mesh."""
+        return device_mesh.coordinates(self.mesh_shape, rank) if self.mesh_shape else {}
 
     def down(self) -> None:
         """Close the connection; a cluster this controller started is shut down with it."""

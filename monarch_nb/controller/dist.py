@@ -21,6 +21,7 @@ from monarch_nb.controller.output import Renderer
 from monarch_nb.controller.results import CellError, Interrupted
 from monarch_nb.controller.targets import format_ranks
 from monarch_nb.errors import ClusterError
+from monarch_nb.rank import mesh as rank_mesh
 from monarch_nb.rank import session
 
 DEFAULT_TIMEOUT = 30.0
@@ -171,10 +172,10 @@ def _form_again(ctl, why: str) -> None:
         ctl.regroup_pending = True
         raise
     if ctl.dist_backend:
-        _say(
-            f"{why}; the {ctl.dist_backend} process group was formed again (wrap models in "
-            "DistributedDataParallel again)"
-        )
+        again = "wrap models in DistributedDataParallel again"
+        if ctl.mesh_shape:
+            again += ", shard them again over the new `mesh`"
+        _say(f"{why}; the {ctl.dist_backend} process group was formed again ({again})")
     else:
         _say(f"the process group could not form again: {ctl.dist_error}")
 
@@ -263,6 +264,7 @@ def _join(engine, backend: str, host: str, port: int, timeout: float) -> None:
 
 
 def _leave(engine) -> None:
+    rank_mesh.drop(engine)  # its groups go with the default one
     _destroy()
     _store.pop("master", None)
 

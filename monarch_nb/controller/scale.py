@@ -23,6 +23,7 @@ from monarch_nb.actors import mesh as actor_meshes
 from monarch_nb.actors import worker as actor_worker
 from monarch_nb.controller import attach, joining
 from monarch_nb.controller import cluster as clusters
+from monarch_nb.controller import mesh as device_mesh
 from monarch_nb.controller import sync as code_sync
 from monarch_nb.controller.results import CellError, Interrupted
 from monarch_nb.controller.targets import format_ranks
@@ -45,6 +46,7 @@ class Scaled:
     left: tuple[int, ...] = ()
     backend: str | None = None  # the process group formed again over the new world
     dist_error: str | None = None  # why it did not
+    mesh: str | None = None  # the device mesh built again over it ("dp=4,tp=2")
 
     def __str__(self) -> str:
         n = self.world_size
@@ -66,6 +68,8 @@ class Scaled:
             parts.append(f"{format_ranks(self.left)} left ({went})")
         if self.backend:
             parts.append(f"the {self.backend} process group was formed again over {ranks}")
+        if self.mesh:
+            parts.append(f"the device mesh is now {self.mesh}")
         return "; ".join(parts)
 
 
@@ -74,6 +78,7 @@ def scale(ctl: Controller, n: int, wait: float | None = None) -> Scaled:
     cluster of ``up``, else 600: batch jobs queue)."""
     ctl._check_open()
     _check(ctl, n)
+    shape = device_mesh.rescaled(ctl.mesh_shape, n) if ctl.mesh_shape else None
     before = ctl.world_size
     if n == before:
         return Scaled(n, backend=ctl.dist_backend)
@@ -87,11 +92,16 @@ def scale(ctl: Controller, n: int, wait: float | None = None) -> Scaled:
     alive = [info.rank for info in ctl.ranks if info.alive]
     if alive:
         ctl.call(_resize, n, targets=alive)
+    if shape is not None:
+        ctl.mesh_shape = shape
     ctl._form_group()
     if joined:
         code_sync.resend(ctl, joined)  # what %monarch sync sent the ranks before them
     registry.register(ctl)  # the sidebar's count of ranks
-    return Scaled(n, tuple(joined), tuple(left), ctl.dist_backend, ctl.dist_error)
+    built = device_mesh.text(shape) if shape and not ctl.mesh_error else None
+    return Scaled(
+        n, tuple(joined), tuple(left), ctl.dist_backend, ctl.dist_error or ctl.mesh_error, built
+    )
 
 
 def _check(ctl: Controller, n: int) -> None:

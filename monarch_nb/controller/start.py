@@ -11,12 +11,14 @@ owned: ``down`` closes it, and so does a failure before the controller is made.
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
 from monarch_nb.controller import certificates, forkserver, joining, script_guard
 from monarch_nb.controller import cluster as clusters
+from monarch_nb.controller import mesh as device_mesh
 from monarch_nb.controller.results import Interrupted
 from monarch_nb.errors import ClusterError, set_current
 from monarch_nb.errors import current as current_controller
@@ -65,14 +67,20 @@ def up(
     backend: str | None = None,
     current: bool = True,
     tls: bool = False,
+    mesh=None,
 ) -> Controller:
     """Start a local cluster, one worker per visible GPU (or 2 CPU workers), and control it.
 
     ``dist`` forms a torch.distributed process group over the ranks (``backend`` defaults to
     nccl on GPUs, gloo on CPUs); ``current=False`` leaves the notebook's current cluster alone;
     ``tls`` makes every Dask comm TLS with a temporary certificate (``ctl.client.security``).
+    ``mesh`` (``{"dp": 2, "tp": 2}`` or ``"dp=2,tp=2"``): a DeviceMesh named ``mesh`` on every
+    rank; without ``workers``, as many workers as the mesh has places.
     """
     script_guard.check_caller()  # before any process starts: spawned workers rerun a script
+    shape = device_mesh.parse(mesh)
+    if shape is not None:
+        workers = _mesh_workers(shape, workers, dist)
     with _only_one(current):
         plans = clusters.plan_workers(
             clusters.detect_gpus(), workers=workers, cpu=cpu, threads=threads
@@ -93,6 +101,7 @@ def up(
                 expected=len(plans),
                 dist=dist,
                 backend=backend,
+                mesh=shape,
             )
         except KeyboardInterrupt:
             cluster.close()
@@ -108,6 +117,19 @@ def up(
 
 
 _UP_INTERRUPTED = "%monarch up interrupted; its workers were stopped"
+
+
+def _mesh_workers(shape: device_mesh.Shape, workers: int | None, dist: bool) -> int:
+    """How many workers a mesh asks for, or why it cannot be, before anything starts."""
+    if not dist:
+        raise ClusterError(
+            "a device mesh is built over the torch.distributed process group; leave out "
+            "--no-dist (dist=False)"
+        )
+    if workers is None:
+        return math.prod(shape.values())
+    device_mesh.check_world(shape, workers)
+    return workers
 
 
 def _import_controller() -> None:
@@ -192,6 +214,7 @@ def connect(
     tls_ca_file: str | None = None,
     tls_cert: str | None = None,
     tls_key: str | None = None,
+    mesh=None,
 ) -> Controller:
     """Join a running scheduler (address or scheduler file) or any ``distributed`` cluster object
     (dask-jobqueue, dask-kubernetes, LocalCluster...); ``cluster`` may be ``"module:factory"``.
@@ -203,7 +226,11 @@ def connect(
     ``timeout`` bounds reaching the scheduler; ``wait`` bounds waiting for ``workers`` workers
     (by default those of the cluster object, else one) to join, as jobs wait in a batch queue.
     A cluster made by ``"module:factory"`` belongs to the controller: ``down()`` closes it.
+    ``mesh``: as ``up``'s; its size must be the number of workers that join.
     """
+    shape = device_mesh.parse(mesh)
+    if shape is not None and workers is not None:
+        _mesh_workers(shape, workers, dist)
     with _only_one(current):
         from distributed import Security
 
@@ -239,6 +266,7 @@ def connect(
                     expected=expected,
                     dist=dist,
                     backend=backend,
+                    mesh=shape,
                 )
             except BaseException:
                 client.close()

@@ -30,6 +30,7 @@ def rows(ctl: Controller) -> list[dict[str, Any]]:
                     "device": known.get("device", {}),
                     "state": "not answering" if silent else "dead",
                     "names": None,
+                    "labels": known.get("labels", {}),
                 }
             )
             continue
@@ -44,6 +45,7 @@ def rows(ctl: Controller) -> list[dict[str, Any]]:
                 "device": i["device"],
                 "state": state,
                 "names": i["names"],
+                "labels": i.get("labels", {}),
             }
         )
     return table

@@ -39,6 +39,7 @@ _COMMANDS = {
     "down": magic_cluster.down,
     "restart": magic_cluster.restart,
     "scale": magic_cluster.scale,
+    "mesh": magic_cluster.mesh,
     "reset": magic_cluster.reset,
     "interrupt": magic_cluster.interrupt,
     "stacks": magic_stacks.stacks,
@@ -79,8 +80,8 @@ class MonarchMagics(Magics):
             In [5]: %monarch status
             In [6]: %monarch down
 
-        Commands: up, connect, run, status, down, restart, scale, auto, metrics, dashboard, plot,
-        reset, interrupt, stacks, debug, push, pull, scatter, gather, sync, autoreload
+        Commands: up, connect, run, status, down, restart, scale, mesh, auto, metrics, dashboard,
+        plot, reset, interrupt, stacks, debug, push, pull, scatter, gather, sync, autoreload
         (``%monarch -h`` says what each does, ``%monarch COMMAND -h`` shows its options).
 
         Cell magic (``%%monarch [--targets SPEC] [--noblock] [--out NAME] [--no-stream]

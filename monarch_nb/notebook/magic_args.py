@@ -49,6 +49,7 @@ def line_parser() -> Parser:
         "--tls", action="store_true", help="TLS on every Dask comm, with temporary certificates"
     )
     _dist(p)
+    _mesh(p)
     p = sub.add_parser("connect", help="join a scheduler or wrap a distributed cluster object")
     p.add_argument("address", nargs="?")
     p.add_argument("--scheduler-file")
@@ -79,6 +80,7 @@ def line_parser() -> Parser:
     p.add_argument("--tls-cert", metavar="PEM", help="this client's certificate")
     p.add_argument("--tls-key", metavar="PEM", help="this client's private key")
     _dist(p)
+    _mesh(p)
     p = sub.add_parser("scale", help="grow or shrink to N ranks; the process group forms again")
     p.add_argument("n", type=int, metavar="N", help="the number of ranks (at least 1)")
     p.add_argument(
@@ -87,6 +89,14 @@ def line_parser() -> Parser:
         default=None,
         metavar="S",
         help="seconds for new workers to join (default: 60 locally, else 600)",
+    )
+    p = sub.add_parser("mesh", help="a device mesh on every rank (dp=2,tp=2), or show it")
+    p.add_argument(
+        "shape",
+        nargs="?",
+        default=None,
+        metavar="SHAPE",
+        help="NAME=SIZE,... whose sizes multiply to the world size; off drops it",
     )
     p = sub.add_parser("run", help="run a torchrun-style script on every rank")
     p.add_argument("script")
@@ -213,6 +223,15 @@ def _dist(parser) -> None:
         help="do not form a torch.distributed process group",
     )
     parser.add_argument("--backend", default=None, metavar="B", help="nccl (RCCL on ROCm) or gloo")
+
+
+def _mesh(parser) -> None:
+    parser.add_argument(
+        "--mesh",
+        default=None,
+        metavar="SHAPE",
+        help="a torch DeviceMesh named mesh on every rank: NAME=SIZE,... e.g. dp=2,tp=2",
+    )
 
 
 def _targets(parser) -> None:

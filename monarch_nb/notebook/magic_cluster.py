@@ -13,6 +13,7 @@ from IPython.core.error import UsageError
 
 from monarch_nb import errors
 from monarch_nb.actors import mesh as actors
+from monarch_nb.controller import mesh as device_mesh
 from monarch_nb.controller import start
 from monarch_nb.controller.launch import run_script
 from monarch_nb.controller.targets import TargetError, format_ranks
@@ -68,11 +69,28 @@ def _print_ranks(ctl, verb: str) -> None:
         dash = f" (dashboard {ctl.client.dashboard_link})"
     ranks = "1 rank" if ctl.world_size == 1 else f"{ctl.world_size} ranks"
     print(f"monarch-nb: {verb} {ranks} at {ctl.scheduler_address}{dash}")
-    print(format_table(rows, ["rank", "host", "pid", "device"]))
+    print(format_table(rows, ["rank", "host", "pid", "device", *_mesh_column(ctl, rows)]))
     if ctl.dist_backend:
         print(f"torch.distributed: {ctl.dist_backend} process group over all ranks")
     elif ctl.dist_error:
         print(f"torch.distributed: {ctl.dist_error}", file=sys.stderr)
+    _say_mesh(ctl)
+
+
+def _mesh_column(ctl, rows: list[dict[str, Any]]) -> list[str]:
+    """``["mesh"]`` with each row's coordinates (``dp=1 tp=0``) where the cluster has a mesh."""
+    if not ctl.mesh_shape or ctl.mesh_error:
+        return []
+    for r in rows:
+        r["mesh"] = " ".join(f"{k}={v}" for k, v in ctl.coordinates(r["rank"]).items())
+    return ["mesh"]
+
+
+def _say_mesh(ctl) -> None:
+    if ctl.mesh_error:
+        print(f"torch.distributed: {ctl.mesh_error}", file=sys.stderr)
+    elif ctl.mesh_shape:
+        print(f"device mesh: {device_mesh.text(ctl.mesh_shape)}, named mesh on every rank")
 
 
 def up(magics, args):
@@ -84,6 +102,7 @@ def up(magics, args):
             dist=args.dist,
             backend=args.backend,
             tls=args.tls,
+            mesh=args.mesh,
         )
     )
     _print_ranks(ctl, "started")
@@ -104,6 +123,7 @@ def connect(magics, args):
             tls_ca_file=args.tls_ca_file,
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
+            mesh=args.mesh,
         )
     )
     _print_ranks(ctl, "connected to")
@@ -126,7 +146,14 @@ def status(magics, args):
         r["device"] = _device(r["device"])
         r["pid"] = r["pid"] or "-"
         r["names"] = "-" if r["names"] is None else r["names"]
-    print(format_table(rows, ["rank", "host", "pid", "device", "state", "names"]))
+    columns = ["rank", "host", "pid", "device", *_mesh_column(ctl, rows), "state", "names"]
+    mesh_names = set(ctl.mesh_shape or ())
+    for r in rows:  # monarch_nb.label()'s; the mesh's coordinates have their own column
+        mine = {k: v for k, v in (r.get("labels") or {}).items() if k not in mesh_names}
+        r["labels"] = " ".join(f"{k}={v}" for k, v in mine.items()) or "-"
+    if any(r["labels"] != "-" for r in rows):
+        columns.append("labels")
+    print(format_table(rows, columns))
     dead = actors.dead_actors(ctl)
     if dead:
         print("dead actors:")
@@ -160,6 +187,21 @@ def scale(magics, args):
     print(f"monarch-nb: {done}")
     if done.dist_error:
         print(f"torch.distributed: {done.dist_error}", file=sys.stderr)
+
+
+def mesh(magics, args):
+    ctl = controller()
+    if args.shape is not None:
+        guard(lambda: ctl.set_mesh(args.shape))
+    if not ctl.mesh_shape:
+        why = f" ({ctl.mesh_error})" if ctl.mesh_error else ""
+        print(f"monarch-nb: no device mesh{why}; %monarch mesh dp={ctl.world_size} builds one")
+        return
+    rows = [{"rank": r, "mesh": ""} for r in range(ctl.world_size)]
+    _mesh_column(ctl, rows)
+    done = "built" if args.shape is not None else "is"
+    print(f"monarch-nb: device mesh {device_mesh.text(ctl.mesh_shape)} {done} on every rank")
+    print(format_table(rows, ["rank", "mesh"]))
 
 
 def reset(magics, args):

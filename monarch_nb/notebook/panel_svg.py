@@ -170,12 +170,14 @@ def _row(row: dict[str, Any], y: float, tall: bool) -> str:
     rank = row["rank"]
     c = color(rank)
     name = f"rank {rank}" if isinstance(rank, int) else str(rank)
+    if row.get("labels"):  # its mesh coordinates, a pipeline stage's name
+        name = f"{name} · {row['labels']}"
     device = row.get("device") or row.get("kind") or "no telemetry yet"
     where = " · ".join(p for p in (device, row.get("host")) if p)
     mid = y + (14 if tall else 9)
     parts = [f'<rect x="0" y="{y + 2}" width="4" height="{24 if tall else 14}" fill="{c}"/>']
     if tall:
-        parts.append(_t(10, y + 12, name, 12, font_weight="600"))
+        parts.append(_t(10, y + 12, _clip(name, 27), 12, font_weight="600"))
         parts.append(_t(10, y + 25, _clip(where, 38), 10, fill_opacity="0.7"))
     else:
         parts.append(_t(10, y + 13, _clip(f"{name} · {where}", 38), 11))

@@ -75,6 +75,10 @@ def format_error(exc: BaseException) -> dict[str, Any]:
     if first is None:  # a function sent by the controller (apply): from the user's code on
         first = next((i for i, f in enumerate(frames) if not _ours(f.filename)), len(frames))
     frames = frames[first:]
+    # Raised by monarch-nb for the user's call (``input()`` with no stdin, ``mesh`` without a
+    # mesh): the message says it all, and the trace ends at the user's line.
+    while len(frames) > 1 and _ours(frames[-1].filename) and not _ours(frames[0].filename):
+        frames.pop()
     if isinstance(exc, KeyboardInterrupt):
         # Where it landed inside our own code (a !cmd's output pump, %monarch run) is
         # noise: the trace ends at the user's line, and is empty for a controller call.

@@ -32,6 +32,7 @@ from distributed.core import Status
 from monarch_nb.rank import autoreload as rank_autoreload
 from monarch_nb.rank import comms as rank_comms
 from monarch_nb.rank import debugger, session
+from monarch_nb.rank import mesh as rank_mesh
 from monarch_nb.rank import shell as rank_shell
 from monarch_nb.rank import stacks as rank_stacks
 from monarch_nb.rank import sync as rank_sync
@@ -42,7 +43,16 @@ from monarch_nb.rank.engine_io import Channel, Wire
 from monarch_nb.wire import sent_after
 
 PLUGIN_NAME = "monarch-engine"
-IDENTITY = ("rank", "world_size", "local_rank", "host", "device", "display", "get_ipython")
+IDENTITY = (
+    "rank",
+    "world_size",
+    "local_rank",
+    "host",
+    "device",
+    "mesh",
+    "display",
+    "get_ipython",
+)
 MAX_CANCELLED = 1024  # ids of interrupted-before-they-ran requests remembered
 
 
@@ -70,6 +80,9 @@ class Engine:
         self.host = socket.gethostname()
         self.identity: dict[str, Any] = {}
         self.device_info: dict[str, Any] = {}
+        self.mesh = None  # the DeviceMesh the controller had built (mesh.py)
+        self.mesh_coords: dict[str, str] = {}  # this rank's place in it: {"dp": "1", "tp": "0"}
+        self.user_labels: dict[str, str] = {}  # monarch_nb.label() (labels.py)
         # The namespace is a module's __dict__, as IPython's is: ``as_main`` makes the module
         # ``__main__`` while a cell runs, so pickle finds the classes the cells define.
         self.main = types.ModuleType("__main__")
@@ -147,6 +160,11 @@ class Engine:
                 self._interrupt_pending = True
 
     @property
+    def labels(self) -> dict[str, str]:
+        """What the panel, the sidebar and ``%monarch status`` show beside the rank's number."""
+        return {**self.mesh_coords, **self.user_labels}
+
+    @property
     def busy(self) -> bool:
         """Whether the rank's thread runs a request now (telemetry samples it at full rate)."""
         return self._current is not None
@@ -173,6 +191,7 @@ class Engine:
             "queued": len(self.wire.inbox),
             "names": len(names),
             "collectives": _collectives(),
+            "labels": self.labels,
         }
 
     # -- the rank's thread ----------------------------------------------------------------
@@ -336,6 +355,7 @@ class Engine:
         return {
             **self.identity,
             "device": torch.device(self.device_info["torch"]),
+            "mesh": rank_mesh.current(self),
             "display": display,
             "get_ipython": self.shell.get_ipython,
         }

@@ -48,12 +48,18 @@ def _order(rank: Any) -> tuple:
     return (0, rank, "") if isinstance(rank, int) else (1, 0, str(rank))
 
 
+def labels_text(labels: dict[str, Any] | None) -> str:
+    """``dp=1 tp=0 stage=embed``: a rank's mesh coordinates and ``label()``s, as every view
+    writes them."""
+    return " ".join(f"{k}={v}" for k, v in (labels or {}).items())
+
+
 def rank_view(payload: dict[str, Any], scalar: str = LOSS) -> dict[str, Any]:
     """``{"time", "ranks": [row per rank], "loss": [{"rank", "steps", "values"}]}``.
 
     A row: rank, worker, host, status, device, kind, util (%, the GPU's, or the worker
     process's CPU on a CPU worker: ``util_of`` says which), mem_used / mem_total (bytes),
-    step and the latest ``scalar``.
+    step, the latest ``scalar`` and the rank's labels (``dp=1 tp=0 stage=embed``).
     """
     metrics = payload.get("metrics") or {}
     by_rank: dict[Any, dict[str, Any]] = {}
@@ -75,6 +81,7 @@ def rank_view(payload: dict[str, Any], scalar: str = LOSS) -> dict[str, Any]:
             "mem_total": mem_total,
             "step": None,
             scalar: None,
+            "labels": "",
         }
     loss = []
     for entry in metrics.get("ranks") or []:
@@ -86,6 +93,7 @@ def rank_view(payload: dict[str, Any], scalar: str = LOSS) -> dict[str, Any]:
             {"rank": rank, "worker": entry.get("worker"), "status": "gone", "util_of": "cpu"},
         )
         row["host"] = entry.get("host") or row.get("host")
+        row["labels"] = labels_text(entry.get("labels"))
         row["step"] = entry.get("step")
         row[scalar] = (entry.get("values") or {}).get(scalar)
         sample = entry.get("sample") or {}
@@ -113,6 +121,7 @@ def rank_view(payload: dict[str, Any], scalar: str = LOSS) -> dict[str, Any]:
 
 def _label(row: dict[str, Any]) -> str:
     parts = [f"rank {row['rank']}" if isinstance(row["rank"], int) else str(row["rank"])]
+    parts.append(row.get("labels") or "")
     parts.append(row.get("device") or row.get("kind") or "")
     parts.append(row.get("host") or "")
     return " · ".join(p for p in parts if p)

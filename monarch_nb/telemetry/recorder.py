@@ -148,6 +148,7 @@ class Recorder:
         self._monitor_key: tuple | None = None
         self._loop = None  # the worker's event loop, once started
         self._flush_asked = False
+        self._labels_sent: dict[str, str] = {}
         self._cpu = (time.process_time(), time.monotonic())
         self._device_busy = False  # the device was in use at the last reading
         self.sampler = telemetry.Sampler(self._read, self._add_sample, hz, busy=self._busy)
@@ -231,13 +232,16 @@ class Recorder:
         ident = self.identity()
         if ident is None:
             return None
+        engine = self.worker.extensions.get("monarch")
+        labels = dict(getattr(engine, "labels", None) or {})  # mesh coordinates, label()'s
         with self._lock:
             rows, samples, dropped = self._rows, list(self._samples), self._dropped
             if self._tail is not None:
                 rows.append(self._tail)
                 dropped -= 1
-            if not rows and not samples:
+            if not rows and not samples and labels == self._labels_sent:
                 return None
+            self._labels_sent = labels
             self._rows, self._tail, self._count, self._stride, self._dropped = [], None, 0, 1, 0
             self._samples.clear()
         return {
@@ -247,6 +251,7 @@ class Recorder:
             "scalars": rows,
             "samples": samples,
             "dropped": dropped,
+            "labels": labels,
         }
 
     def _ask_flush(self) -> None:

@@ -39,6 +39,7 @@ class RankStore:
         self.step: int | None = None
         self.time: float | None = None
         self.sample: dict | None = None
+        self.labels: dict[str, str] = {}  # mesh coordinates and label()'s: {"dp": "1"}
         self.messages = self.rows = self.dropped = 0
         self.seen = time.monotonic()
         self.rec: str | None = None  # the recorder (one per worker process) that sent the last
@@ -47,6 +48,8 @@ class RankStore:
     def add(self, msg: Mapping[str, Any]) -> None:
         self.worker, self.host = msg.get("worker"), msg.get("host")
         self.rec, self.retired = msg.get("rec"), False
+        if "labels" in msg:
+            self.labels = msg["labels"]
         self.seen = time.monotonic()
         for step, t, values in msg.get("scalars", ()):
             self.scalars.append((step, t, values))
@@ -71,6 +74,7 @@ class RankStore:
             "time": self.time,
             "values": dict(self.values),
             "sample": self.sample,
+            "labels": dict(self.labels),
         }
 
 
