@@ -57,6 +57,7 @@ bench: setup
 	$(PY) benchmarks/bench_dispatch.py --workers 2 4 --cells 200
 	$(PY) benchmarks/bench_actors.py
 	$(PY) benchmarks/bench_training.py
+	$(PY) benchmarks/bench_parallel.py
 	$(PY) benchmarks/bench_telemetry.py
 	$(PY) benchmarks/bench_stacks.py
 	$(PY) benchmarks/bench_scale.py

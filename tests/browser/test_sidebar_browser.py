@@ -22,6 +22,7 @@ TRAIN = """\
 %%monarch
 import math
 import monarch_nb
+monarch_nb.label(stage=f"s{rank}")  # a pipeline stage's name, shown under the rank
 for step in range(40):
     monarch_nb.log(step=step, loss=2.0 * math.exp(-step / (8 + 8 * rank)))
 """
@@ -129,6 +130,8 @@ def test_the_sidebar_lists_the_cluster_with_a_bar_per_rank_and_a_loss_line(lab, 
             points = lines.nth(i).get_attribute("points") or ""
             assert len(points.split()) == 40, points
         expect(sidebar.locator(".monarch-RankTable tbody tr")).to_have_count(2)
+        labels = sidebar.locator(".monarch-RankTable .monarch-rank-labels")
+        expect(labels).to_have_text(["stage=s0", "stage=s1"], timeout=30_000)
         expect(sidebar.locator(".monarch-RankTable")).to_contain_text("running")
         page.screenshot(path=str(ARTIFACTS / "sidebar.png"))
 
