@@ -17,7 +17,7 @@ layer inside a model would). "counted" is :func:`monarch_kernels.monarch_tp_byte
 :func:`~monarch_kernels.dense_tp_bytes` per layer (the pair's / 2) for the rank sending most;
 "sent" is what that rank's process wrote during the step (``/proc/self/io``, gloo's TCP
 transport: the counted bytes plus a 144-byte header per message). Step time: the slowest
-rank's, median of the timed steps.
+rank's, median of the timed steps; the models take turns step by step.
 
     PYTHONPATH=kernels python benchmarks/monarch_tp.py [--worlds 2 4] [--width 1024]
         [--blocks 4] [--batch 512] [--steps 10]
@@ -102,27 +102,33 @@ def _rank(rank: int, world: int, init: str, opts: dict, out: str) -> None:
 
     mesh = init_device_mesh("cpu", (world,))
     width, batch = opts["width"], opts["batch"]
-    rows = []
-    for name, model in _models(mesh, width, opts["blocks"]).items():
+    models = _models(mesh, width, opts["blocks"])
+    inputs, times, sent = {}, {name: [] for name in models}, {name: [] for name in models}
+    for name in models:
         torch.manual_seed(1)
         x = torch.randn(batch, width)
         if name == "monarch in a sharded stack":
             x = x.chunk(world, -1)[rank]
-        x.requires_grad_()
-        times, sent = [], []
-        for step in range(opts["warmup"] + opts["steps"]):
+        inputs[name] = x.requires_grad_()
+    # the models take turns, step by step, so that the machine's load falls on all alike
+    for step in range(opts["warmup"] + opts["steps"]):
+        for name, model in models.items():
             model.zero_grad(set_to_none=True)
-            x.grad = None
+            inputs[name].grad = None
             dist.barrier()
             before, t0 = written_bytes(), time.perf_counter()
-            model(x).sum().backward()
+            model(inputs[name]).sum().backward()
             elapsed, wrote = time.perf_counter() - t0, written_bytes() - before
             if step >= opts["warmup"]:
-                times.append(elapsed)
-                sent.append(wrote)
+                times[name].append(elapsed)
+                sent[name].append(wrote)
+    rows = []
+    for name, model in models.items():
         counted = _counted(model, name, width, batch, world)
         every = [None] * world
-        dist.all_gather_object(every, (times, statistics.median(sent), counted.step_bytes))
+        dist.all_gather_object(
+            every, (times[name], statistics.median(sent[name]), counted.step_bytes)
+        )
         slowest = [max(ts) for ts in zip(*(t for t, _, _ in every), strict=True)]
         busiest = max(range(world), key=lambda r: every[r][2])
         rows.append(
