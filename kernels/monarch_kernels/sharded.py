@@ -48,6 +48,10 @@ from .blas import stage_one
 from .layers import MonarchLinear
 from .reference import monarch_shapes
 
+# torch 2.13 deprecates all_gather_into_tensor for all_gather_single, which older torch lacks
+_all_gather = getattr(dist, "all_gather_single", None) or getattr(
+    dist, "all_gather_into_tensor", None
+)
 INPUT_LAYOUTS = ("replicated", "sharded")
 OUTPUT_LAYOUTS = ("replicated", "sharded", "blocks")
 
@@ -192,7 +196,7 @@ class _AllGather(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, group, rank: int, world: int) -> torch.Tensor:
         ctx.rank = rank
         out = x.new_empty(world * x.shape[0], *x.shape[1:])  # the shape gloo and NCCL take
-        dist.all_gather_single(out, x.contiguous(), group=group)
+        _all_gather(out, x.contiguous(), group=group)
         return out.view(world, *x.shape)
 
     @staticmethod
