@@ -3,7 +3,7 @@
 """Benchmark: dense nn.Linear, the two-bmm pipeline, torch.compile of it, and the fused op.
 
     python -m monarch_kernels.bench              # GPU when there is one, else a small CPU set
-    python -m monarch_kernels.bench --cases 4096:64:16384 --dtypes bfloat16
+    python -m monarch_kernels.bench --cases 4096:64:16384 --dtypes bfloat16 --json bench.json
 
 Every case is square (in = out = n) with ``blocks`` blocks per factor, ``p = q = r = s = n /
 blocks``. For each method the table gives milliseconds, effective GB/s (the Monarch product's
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import time
 from collections.abc import Callable
@@ -141,8 +142,20 @@ def _forced_path(path: str):
             os.environ[PATH_ENV_VAR] = old
 
 
-def run_case(n, blocks, batch, dtype, device, use_compile, min_time, calls=1, paths=FORCED_PATHS):
-    """Rows of the table for one (n, blocks, batch, dtype)."""
+def run_case(
+    n,
+    blocks,
+    batch,
+    dtype,
+    device,
+    use_compile,
+    min_time,
+    calls=1,
+    paths=FORCED_PATHS,
+    errors: dict[str, str] | None = None,
+):
+    """Rows of the table for one (n, blocks, batch, dtype); a method that failed has "-" in
+    its cells, and its error's first line in ``errors`` (keyed "n:blocks:batch dtype method")."""
     elt = torch.empty((), dtype=dtype).element_size()
     flops = 2 * batch * 2 * n * (n // blocks)  # two stages of block-diagonal products
     weights = 2 * n * (n // blocks) * elt
@@ -204,6 +217,8 @@ def run_case(n, blocks, batch, dtype, device, use_compile, min_time, calls=1, pa
         if name in failed:
             rows.append([f"{n}", f"{blocks}", f"{batch}", str(dtype)[6:], kind, name] + ["-"] * 8)
             print(f"{name} ({n}:{blocks}:{batch} {str(dtype)[6:]}) failed: {failed[name]}")
+            if errors is not None:
+                errors[f"{n}:{blocks}:{batch} {str(dtype)[6:]} {name}"] = failed[name]
             continue
         rows.append(
             [f"{n}", f"{blocks}", f"{batch}", str(dtype).replace("torch.", ""), kind, name]
@@ -255,6 +270,34 @@ def format_table(rows: list[list[str]]) -> str:
     return "\n".join([line, sep, *body])
 
 
+def records(rows: list[list[str]], errors: dict[str, str]) -> list[dict]:
+    """The table's rows as dicts keyed by HEADER, numbers as numbers ("3.34x" -> 3.34; a failed
+    method's cells None, with its ``error``)."""
+    out = []
+    for row in rows:
+        rec: dict = {}
+        for key, cell in zip(HEADER, row, strict=True):
+            if key in ("n", "blocks", "batch"):
+                rec[key] = int(cell)
+            elif key in ("dtype", "bound", "method"):
+                rec[key] = cell
+            else:
+                rec[key] = None if cell == "-" else float(cell.rstrip("x"))
+        error = errors.get(f"{row[0]}:{row[1]}:{row[2]} {row[3]} {row[5]}")
+        if error is not None:
+            rec["error"] = error
+        out.append(rec)
+    return out
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -274,6 +317,11 @@ def main(argv: list[str] | None = None) -> None:
         "--paths",
         default=",".join(FORCED_PATHS),
         help="comma-separated paths of the op to force, a row each (GPU; empty for none)",
+    )
+    parser.add_argument(
+        "--json",
+        metavar="FILE",
+        help="also write the rows, the device and the paths chosen (rewritten after each case)",
     )
     args = parser.parse_args(argv)
     paths = [p for p in args.paths.split(",") if p]
@@ -304,14 +352,29 @@ def main(argv: list[str] | None = None) -> None:
         "bound: the memory floor (copy bandwidth) or matmul ceiling measured with each case; "
         f"%bound = bound time / time; {calls} call(s) back to back per timed round"
     )
-    rows = []
+    report = {"device": name, "torch": torch.__version__, "triton": _triton_version()}
+    report |= {"calls": calls, "min_time": min_time, "complete": False}
+    rows: list[list[str]] = []
+    errors: dict[str, str] = {}
     for dtype in dtypes:
         for n, blocks, batch in cases:
             rows += run_case(
-                n, blocks, batch, dtype, device, not args.no_compile, min_time, calls, paths
+                n,
+                blocks,
+                batch,
+                dtype,
+                device,
+                not args.no_compile,
+                min_time,
+                calls,
+                paths,
+                errors,
             )
+            if args.json:  # after every case: a run stopped part-way keeps what it measured
+                _write_json(args.json, report | {"rows": records(rows, errors)})
     print()
     print(format_table(rows))
+    chosen: list[str] = []
     if gpu:
         from .triton_launch import chosen_paths
 
@@ -322,6 +385,16 @@ def main(argv: list[str] | None = None) -> None:
             for key, path in chosen_paths().items()
         )
         print("\nfused op, the paths it chose:\n  " + "\n  ".join(chosen or ["none"]))
+    if args.json:
+        report |= {"complete": True, "rows": records(rows, errors), "chosen_paths": chosen}
+        _write_json(args.json, report)
+
+
+def _write_json(path: str, report: dict) -> None:
+    tmp = f"{path}.part"
+    with open(tmp, "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":
