@@ -286,3 +286,19 @@ def test_small_mistakes_and_hidden_values(cell, clean):
 def test_split_items():
     assert split_items("a b=f(x, y) c='p q'") == "a, b=f(x, y), c='p q'"
     assert split_items("a, b=1") == "a, b=1"
+
+
+def test_path_arguments_are_split_as_a_shell_splits_them(shell):
+    parser = MonarchMagics(shell).parser
+    cases = {
+        "sync 'a b/é.py' c\\ d.py \"e é\"": ("paths", ["a b/é.py", "c d.py", "e é"]),
+        "run 'my dir/train é.py' --name 'a b' \"c\"": ("script", "my dir/train é.py"),
+        "plot --save 'loss plot é.html'": ("save", "loss plot é.html"),
+        'connect --scheduler-file "shared dir/scheduler é.json"': (
+            "scheduler_file",
+            "shared dir/scheduler é.json",
+        ),
+    }
+    for line, (name, value) in cases.items():
+        assert getattr(parser.parse_argstring(line), name) == value, line
+    assert parser.parse_argstring("run s.py --name 'a b' \"c\"").args == ["--name", "a b", "c"]
