@@ -34,6 +34,7 @@ from monarch_nb.controller import (
     data,
     dispatch,
     gathering,
+    interrupting,
     lifecycle,
     scale,
     stacks,
@@ -312,9 +313,14 @@ class Controller:
         self.call(rank_autoreload.enable if on else rank_autoreload.disable)
         self.reloading = on
 
-    def interrupt(self, targets=None) -> list[int]:
-        """Raise KeyboardInterrupt in whatever cell the targeted ranks are running."""
+    def interrupt(self, targets=None, wait: bool = False):
+        """Raise KeyboardInterrupt in whatever cell the targeted ranks are running; returns the
+        ranks. ``wait``: wait up to 1.5 s for those cells to stop and return what became of
+        each rank (an ``Interruption``, whose ``str`` is ``%monarch interrupt``'s line): a cell
+        stuck in a C call (a long ``time.sleep``) goes on, and its rank is named as still busy."""
         ranks = self.targets(targets)
+        if wait:
+            return interrupting.interrupt(self, ranks)
         dispatch.send_interrupt(self, ranks)
         return ranks
 

@@ -60,16 +60,28 @@ def submit(
     per_rank: Mapping[int, dict[str, Any]] | None = None,
 ) -> Request:
     req = Request(kind, ranks)
-    req.send = lambda rank, msg: ctl._links[rank].send(msg)
+    req.send = lambda rank, msg: _link(ctl, req, rank) and ctl._links[rank].send(msg)
     req.reader = ctl._reader
     ctl._router.add(req)
     for rank in ranks:
+        if not _link(ctl, req, rank):
+            continue
         body = {**(msg or {}), **((per_rank or {}).get(rank, {})), "id": req.id}
         if kind == "info":  # answered on the worker's event loop, even by a busy rank
             ctl._loop.call_soon_threadsafe(ctl._links[rank].control, body)
         else:
             ctl._links[rank].send(body)
     return req
+
+
+def _link(ctl: Controller, req: Request, rank: int) -> bool:
+    """Whether ``rank`` has a link; a rank without one (its attach failed) ends ``req`` as
+    lost at once, where looking it up used to raise KeyError in every later command."""
+    if rank in ctl._links:
+        return True
+    why = "the notebook has no connection to it"
+    ctl._router.deliver(rank, {"ev": "done", "id": req.id, "status": "lost", "why": why})
+    return False
 
 
 def call(
@@ -210,7 +222,9 @@ def send_interrupt(ctl: Controller, ranks: Iterable[int], target: str | None = N
         raise ClusterError("this cluster is down, and its cells ended with it")
     try:
         for rank in ranks:
-            link = ctl._links[rank]
+            link = ctl._links.get(rank)
+            if link is None:  # nothing of ours runs there: see _link
+                continue
             msg = {"op": "interrupt", "target": target, "sent": link.last_sent}
             ctl._loop.call_soon_threadsafe(link.control, msg)
     except RuntimeError:  # the client's event loop is closed: the client is gone

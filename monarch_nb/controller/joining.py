@@ -23,12 +23,15 @@ def wait_for_workers(
     new: str = "",
     longer: str = "; --wait S (wait=S) waits longer",
     stop: str = "interrupt to stop",
+    failed=None,
+    after: str = "",
 ) -> dict[str, dict]:
     """The workers that joined (address -> the scheduler's info), once there are ``need`` of
     them besides the ranks ``there`` (RankInfos), within ``wait`` seconds. A worker under the
     name of a rank there is that rank's replacement (attach.py), not one more worker. ``new``,
     ``longer`` and ``stop`` are the caller's words: what the workers are ("new "), what follows
-    a wait that ran out, how to stop waiting."""
+    a wait that ran out, how to stop waiting. ``failed()``, where given, says why the workers
+    cannot all come (one failed to start): the wait ends at once, with ``after`` appended."""
     addresses = {info.address for info in there}
     names = {info.name for info in there}
     start, told = time.monotonic(), False
@@ -41,6 +44,9 @@ def wait_for_workers(
         }
         if len(joined) >= need:
             return joined
+        why = failed() if failed is not None else None
+        if why is not None:
+            raise ClusterError(why + after)
         waited = time.monotonic() - start
         if waited > wait:
             jobs = clusters.jobs_not_joined(cluster, {w.get("name") for w in workers.values()})

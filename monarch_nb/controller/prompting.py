@@ -30,6 +30,7 @@ from monarch_nb.controller.output import Renderer
 from monarch_nb.controller.reader import next_event
 from monarch_nb.controller.targets import format_ranks
 from monarch_nb.errors import ClusterError
+from monarch_nb.wire import sent_after
 
 NOBLOCK = (
     "a rank's input() needs a blocking cell: this one runs in the background "
@@ -256,7 +257,10 @@ class Failure:
         self.failed = failed
         self.workers = {r: _worker(ctl, r) for r in failed}
 
-    def debug(self, rank: int | None = None) -> None:
+    def debug(self, rank: int | None = None, latest: bool = False) -> None:
+        """pdb on ``rank``'s traceback of this cell; ``latest`` (``%monarch debug``): of the
+        latest cell that failed on that rank, where one failed there since (a ``--noblock``
+        cell that is still running elsewhere is not known here until it ends)."""
         ctl = self.ctl
         rank = self.failed[0] if rank is None else rank
         if rank not in self.failed:
@@ -277,7 +281,7 @@ class Failure:
                 f"rank {rank} was restarted since that cell failed (or left with %monarch "
                 "scale and a new worker joined as it), and its traceback went with the old worker"
             )
-        state = _open(ctl, rank, _post_mortem, self.request_id, self.call)
+        state = _open(ctl, rank, _post_mortem, None if latest else self.request_id, self.call)
         if state == "none":
             raise ClusterError(
                 f"rank {rank} kept no traceback of that cell: its worker was restarted since"
@@ -330,10 +334,23 @@ def attach_actor(rank: int) -> bool:
 
 def keep_failure(ctl, request_id: str, outcomes: dict[int, dict], err, call) -> None:
     """Remember the failed cell ``err`` comes from, for ``%monarch debug`` and ``err.debug``:
-    the ranks that raised (not those lost, cancelled or silent) keep its traceback."""
+    the ranks that raised (not those lost, cancelled or silent) keep its traceback.
+
+    The latest failure is the cell sent last, not the one settled last: a rank runs cells in
+    the order they were sent, and a ``--noblock`` cell's failure is settled on its handle's
+    thread, often after that of a cell queued behind it, which ``%monarch debug`` then could
+    not open ("%monarch debug opens the latest", it said of itself)."""
     failed = sorted(r for r, ev in outcomes.items() if ev.get("status") == "error")
-    if failed:
-        err.failure = ctl.last_failure = Failure(ctl, request_id, failed, call)
+    if not failed:
+        return
+    err.failure = failure = Failure(ctl, request_id, failed, call)
+    with _failures_lock:  # the notebook's thread and a handle's may both be here
+        last = ctl.last_failure
+        if last is None or sent_after(request_id, last.request_id):
+            ctl.last_failure = failure
+
+
+_failures_lock = threading.Lock()
 
 
 def _worker(ctl, rank: int) -> tuple[str, str, bool]:
@@ -341,7 +358,7 @@ def _worker(ctl, rank: int) -> tuple[str, str, bool]:
     return info.address, info.incarnation, info.alive
 
 
-def _post_mortem(engine, request_id: str) -> str:
+def _post_mortem(engine, request_id: str | None) -> str:
     from monarch_nb.rank import debugger
 
     return debugger.post_mortem(engine, request_id)

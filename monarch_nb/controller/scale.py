@@ -13,6 +13,8 @@ sidebar's entry says the new size, and the telemetry of the ranks that left stop
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import sys
 import time
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING
 from monarch_nb import registry
 from monarch_nb.actors import mesh as actor_meshes
 from monarch_nb.actors import worker as actor_worker
-from monarch_nb.controller import attach, joining
+from monarch_nb.controller import attach, capacity, joining
 from monarch_nb.controller import cluster as clusters
 from monarch_nb.controller import mesh as device_mesh
 from monarch_nb.controller import sync as code_sync
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
 LOCAL_WAIT = 60  # seconds for the nannies of a local cluster to start their workers
 JOBS_WAIT = 600  # any other cluster: jobs may sit in a batch queue (as connect's --wait)
 LEAVE_WAIT = 30  # seconds for retired workers to leave the scheduler
+CLOSE_WAIT = 3  # seconds for the links of leaving ranks to close (their flush takes up to 2)
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,12 @@ def _check(ctl: Controller, n: int) -> None:
             f"the cluster ({type(cluster).__name__}) has no worker template to add workers "
             "from; give it one (SpecCluster's worker=) or scale it where it was made"
         )
+    if n > ctl.world_size:
+        local = _ours(cluster)
+        if local:
+            _check_gpus(cluster, n)
+        # Before planning: a spec per rank of `scale 99999999999999999999` never ends.
+        capacity.check(ctl.world_size, n, local or isinstance(cluster, _local_cluster()))
     busy = sorted(ctl._router.busy())
     if busy:
         raise ClusterError(
@@ -139,41 +148,111 @@ def _check(ctl: Controller, n: int) -> None:
 # -- growing ------------------------------------------------------------------------------------
 def _grow(ctl: Controller, n: int, wait: float | None) -> list[int]:
     cluster, before = ctl.cluster, ctl.world_size
-    try:
-        if _ours(cluster):
-            _plan_local_workers(cluster, n)
-            wait = LOCAL_WAIT if wait is None else wait
-        # Started in the background: a wait that runs out or a Ctrl-C scales back cleanly,
-        # where one cut short while the nannies start would leave their processes behind.
-        cluster.scale(n)
-        joined = _wait_for_new(ctl, n, JOBS_WAIT if wait is None else wait)
-        # The ranks there keep their RankInfo (their links hold it); the new ones follow them.
-        there = {
-            i.address: {"name": i.name, "host": i.host, "local_directory": i.incarnation}
-            for i in ctl.ranks
-        }
-        new = attach.rank_table({**there, **joined}, previous=ctl.ranks)[before:n]
-    except NotImplementedError:
-        raise ClusterError(
-            f"the cluster ({type(cluster).__name__}) cannot add or remove workers "
-            "(its scale() is not implemented)"
-        ) from None
-    except KeyboardInterrupt:
-        _scale_back(cluster, before)
-        raise Interrupted(
-            f"interrupted while new workers joined; the cluster was scaled back to {before}"
-        ) from None
-    except BaseException:
-        _scale_back(cluster, before)
-        raise
-    ctl.ranks = ctl.ranks + new
-    try:
-        attach.open_links(ctl, new)
-    except BaseException:
-        _detach(ctl, [info.rank for info in new], before)
-        _scale_back(cluster, before)
-        raise
+    specs = set(getattr(cluster, "worker_spec", None) or ())  # the workers there before
+    with _StartFailures() as failures:
+        try:
+            if _ours(cluster):
+                _plan_local_workers(cluster, n)
+                wait = LOCAL_WAIT if wait is None else wait
+            # Started in the background: a wait that runs out or a Ctrl-C scales back cleanly,
+            # where one cut short while the nannies start would leave their processes behind.
+            cluster.scale(n)
+            joined = _wait_for_new(
+                ctl, n, JOBS_WAIT if wait is None else wait, failures.reason(cluster, specs)
+            )
+            # The ranks there keep their RankInfo (their links hold it); the new ones follow.
+            there = {
+                i.address: {"name": i.name, "host": i.host, "local_directory": i.incarnation}
+                for i in ctl.ranks
+            }
+            new = attach.rank_table({**there, **joined}, previous=ctl.ranks)[before:n]
+        except NotImplementedError:
+            raise ClusterError(
+                f"the cluster ({type(cluster).__name__}) cannot add or remove workers "
+                "(its scale() is not implemented)"
+            ) from None
+        except KeyboardInterrupt:
+            _scale_back(cluster, before, specs)
+            raise Interrupted(
+                f"interrupted while new workers joined; the cluster was scaled back to {before}"
+            ) from None
+        except BaseException:
+            _scale_back(cluster, before, specs)
+            raise
+        ctl.ranks = ctl.ranks + new
+        try:
+            attach.open_links(ctl, new)
+        except BaseException:
+            _detach(ctl, [info.rank for info in new], before)
+            _scale_back(cluster, before, specs)
+            raise
     return [info.rank for info in new]
+
+
+class _StartFailures(logging.Filter):
+    """What Dask logs while new workers start, kept here instead of reaching the cell: a nanny
+    whose worker failed to start, the cluster's task that started them (tornado's "Exception
+    in callback"), an event loop out of descriptors (asyncio's, once per turn of the loop:
+    megabytes in the cell when ``scale 10000`` ran the kernel out of them). The first one's
+    cause is the failed grow's reason."""
+
+    LOGGERS = ("distributed.nanny", "distributed.deploy.spec", "tornado.application", "asyncio")
+
+    def __init__(self):
+        super().__init__()
+        self.first: BaseException | None = None  # the first error's exception
+        self.said: str | None = None  # or its message, where it had none ("Worker failed...")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and self.first is None:
+            self.first = exc
+        if self.said is None:
+            self.said = record.getMessage()
+        return False
+
+    def __enter__(self) -> _StartFailures:
+        for name in self.LOGGERS:
+            logging.getLogger(name).addFilter(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name in self.LOGGERS:
+            logging.getLogger(name).removeFilter(self)
+
+    def reason(self, cluster, specs: set):
+        """For the wait: why the new workers cannot all join (one of them failed to start, or
+        the task starting them did), else None."""
+
+        def failed() -> str | None:
+            workers = dict(getattr(cluster, "workers", None) or {})
+            dead = [
+                w
+                for name, w in workers.items()
+                if name not in specs and getattr(getattr(w, "status", None), "name", "") == "failed"
+            ]
+            if not dead and self.first is None:
+                return None
+            # A nanny keeps why it failed (Dask's private name for it); the log has it too,
+            # but only once every new nanny has started or failed.
+            kept = next((getattr(w, "_Server__startup_exc", None) for w in dead), None)
+            cause = _root(kept or self.first) if kept or self.first else None
+            why = f"{type(cause).__name__}: {cause}" if cause is not None else self.said
+            who = "a new worker" if len(dead) <= 1 else f"{len(dead)} new workers"
+            return f"{who} failed to start ({why or 'its nanny gave no reason'})"
+
+        return failed
+
+
+def _root(exc: BaseException) -> BaseException:
+    """The first cause of ``exc`` (Dask wraps it: "LocalNanny failed to start.")."""
+    seen = {id(exc)}
+    while (cause := exc.__cause__ or exc.__context__) is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        exc = cause
+    return exc
 
 
 def _ours(cluster) -> bool:
@@ -184,20 +263,12 @@ def _ours(cluster) -> bool:
 
 def _plan_local_workers(cluster, n: int) -> None:
     """The spec of a nanny per new rank, each planned as ``up`` planned the first (CPU or
-    pinned to its GPU, as many threads); more ranks than visible GPUs is refused as ``up``
-    refuses it. ``scale(n)`` then starts them (our specs have no template to grow from)."""
+    pinned to its GPU, as many threads; more ranks than visible GPUs were refused before,
+    ``_check_gpus``). ``scale(n)`` then starts them (our specs have no template to grow from)."""
     specs = cluster.worker_spec
     first = next(iter(specs.values()))
     options = first["options"]
-    inventory = clusters.detect_gpus()
-    on_gpus = bool(inventory.variable and options["env"].get(inventory.variable))
-    visible = len(inventory.ids)
-    if on_gpus and n > visible:
-        are = "is" if visible == 1 else "are"
-        raise ValueError(
-            f"{n} ranks need {n} GPUs, one each, but {visible} {are} visible; scale to "
-            f"{visible} at most (or start CPU ranks with %monarch up --cpu)"
-        )
+    inventory, on_gpus = _gpus(cluster)
     plans = clusters.plan_workers(
         inventory, workers=n, cpu=not on_gpus, threads=options.get("nthreads", 1)
     )
@@ -209,7 +280,32 @@ def _plan_local_workers(cluster, n: int) -> None:
             }
 
 
-def _wait_for_new(ctl: Controller, n: int, wait: float) -> dict[str, dict]:
+def _gpus(cluster) -> tuple[clusters.GpuInventory, bool]:
+    """The GPUs visible here, and whether the ranks of ``up``'s cluster run on them."""
+    options = next(iter(cluster.worker_spec.values()))["options"]
+    inventory = clusters.detect_gpus()
+    return inventory, bool(inventory.variable and options["env"].get(inventory.variable))
+
+
+def _check_gpus(cluster, n: int) -> None:
+    """More GPU ranks than visible GPUs is refused, as ``up`` refuses it."""
+    inventory, on_gpus = _gpus(cluster)
+    visible = len(inventory.ids)
+    if on_gpus and n > visible:
+        are = "is" if visible == 1 else "are"
+        raise ValueError(
+            f"{n} ranks need {n} GPUs, one each, but {visible} {are} visible; scale to "
+            f"{visible} at most (or start CPU ranks with %monarch up --cpu)"
+        )
+
+
+def _local_cluster():
+    from distributed import LocalCluster
+
+    return LocalCluster
+
+
+def _wait_for_new(ctl: Controller, n: int, wait: float, failed) -> dict[str, dict]:
     """The new workers (address -> info), once there are ``n`` minus the ranks there."""
     there = len(ctl.ranks)
     return joining.wait_for_workers(
@@ -221,13 +317,23 @@ def _wait_for_new(ctl: Controller, n: int, wait: float) -> dict[str, dict]:
         new="new ",
         longer=f"; the cluster was scaled back to {there} (wait=S waits longer)",
         stop="interrupt to stop: the cluster is scaled back",
+        failed=failed,
+        after=f"; the cluster was scaled back to {there}",
     )
 
 
-def _scale_back(cluster, n: int) -> None:
-    """Undo a grow that did not finish: the workers added last go (SpecCluster's scale)."""
+def _scale_back(cluster, n: int, specs: set) -> None:
+    """Undo a grow that did not finish, and wait (bounded) until it is undone: a SpecCluster
+    drops exactly the specs the grow added and closes their workers, started or not; any
+    other cluster is scaled to ``n``."""
+    from distributed import SpecCluster
+
     try:
-        cluster.scale(n)
+        if isinstance(cluster, SpecCluster):
+            added = [name for name in cluster.worker_spec if name not in specs]
+            cluster.sync(cluster.scale_down, added, callback_timeout=LEAVE_WAIT)
+        else:
+            cluster.scale(n)
     except Exception as e:
         print(f"monarch-nb: could not scale the cluster back to {n}: {e}", file=sys.stderr)
 
@@ -279,15 +385,22 @@ def _detach(ctl: Controller, ranks: list[int], n: int) -> None:
     """Close the links of ``ranks`` as the controller's own doing (no replacement is waited
     for) and keep the first ``n`` ranks."""
     links = [ctl._links.pop(rank) for rank in ranks if rank in ctl._links]
-
-    async def close_all():
-        await asyncio.gather(*(link.close() for link in links), return_exceptions=True)
-
-    ctl._on_loop(close_all(), timeout=10)
+    # The table first, and the requests waiting on these ranks finished here: a close that
+    # does not end in time (an event loop too busy) used to leave ranks without links, and
+    # every later command failed with KeyError.
     ctl.ranks = ctl.ranks[:n]
     for rank in ranks:
         ctl._known.pop(rank, None)
         ctl.unanswering.discard(rank)
+    for link in links:
+        link.closing = True
+        link.gone("it left with %monarch scale")
+
+    async def close_all():
+        await asyncio.gather(*(link.close() for link in links), return_exceptions=True)
+
+    with contextlib.suppress(TimeoutError):  # their connections close when the loop gets to it
+        ctl._on_loop(close_all(), timeout=CLOSE_WAIT)
 
 
 def _retire(ctl: Controller, leaving) -> None:
@@ -299,7 +412,14 @@ def _retire(ctl: Controller, leaving) -> None:
     cluster = ctl.cluster
     addresses = {info.address for info in leaving}
     if isinstance(cluster, SpecCluster):
-        cluster.sync(cluster.scale_down, [info.name for info in leaving])
+        try:
+            names = [info.name for info in leaving]
+            cluster.sync(cluster.scale_down, names, callback_timeout=LEAVE_WAIT)
+        except TimeoutError:
+            raise ClusterError(
+                f"the workers of {format_ranks(info.rank for info in leaving)} did not stop "
+                f"within {LEAVE_WAIT} s; they are no longer ranks"
+            ) from None
     else:
         ctl.client.retire_workers(workers=sorted(addresses), close_workers=True)
         cluster.scale(ctl.world_size)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import io
 import re
+import shlex
 import tokenize
 
 from IPython.core.error import UsageError
@@ -18,10 +19,16 @@ _TARGETS_HELP = "ranks: all, 0, 0,2, 1:3 or ::2"
 
 
 class Parser(MagicArgumentParser):
-    """IPython's parser with ``-h/--help`` (IPython leaves it out) in argparse's plain layout
-    (IPython's is reStructuredText for docstrings: a ``::`` line and a second ``%``), and an
-    unbalanced quote reported as a UsageError (shlex raises ValueError) like every other
-    mistake in the arguments. ``commands`` lists the sub-commands once they are added."""
+    r"""IPython's parser with ``-h/--help`` (IPython leaves it out) in argparse's plain layout
+    (IPython's is reStructuredText for docstrings: a ``::`` line and a second ``%``), words
+    split as a shell splits them, and an unbalanced quote reported as a UsageError (shlex
+    raises ValueError) like every other mistake in the arguments. ``commands`` lists the
+    sub-commands once they are added.
+
+    IPython splits magic arguments keeping the quotes (``posix=False``), so ``%monarch sync
+    'dir with spaces'`` looked for a path with quotes in its name; here ``'a b'``, ``"a b"``
+    and ``a\ b`` are the path ``a b``, for every path (sync, run and its script's arguments,
+    plot --save, connect's files)."""
 
     def __init__(self, *args, add_help=True, formatter_class=argparse.HelpFormatter, **kwargs):
         super().__init__(*args, add_help=add_help, formatter_class=formatter_class, **kwargs)
@@ -29,7 +36,7 @@ class Parser(MagicArgumentParser):
 
     def parse_argstring(self, argstring):
         try:
-            return super().parse_argstring(argstring)
+            return self.parse_args(shlex.split(argstring))
         except ValueError as e:
             raise UsageError(f"cannot read the arguments {argstring.strip()!r}: {e}") from None
 

@@ -210,5 +210,5 @@ def reset(magics, args):
 
 
 def interrupt(magics, args):
-    ranks = guard(lambda: controller().interrupt(args.targets))
-    print(f"monarch-nb: interrupted {format_ranks(ranks)}")
+    done = guard(lambda: controller().interrupt(args.targets, wait=True))
+    print(f"monarch-nb: {done}", file=sys.stderr if done.troubled else sys.stdout)

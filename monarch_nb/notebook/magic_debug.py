@@ -52,7 +52,7 @@ def debug(magics, args):
         return
     if ctl.last_failure is None:
         raise UsageError(NO_FAILED_CELL)
-    guard(lambda: ctl.last_failure.debug(args.rank))
+    guard(lambda: ctl.last_failure.debug(args.rank, latest=True))
 
 
 def debug_cell(magics, line: str, cell: str) -> None:

@@ -264,9 +264,10 @@ def keep_failure(engine, request_id: str, exc: BaseException) -> None:
     engine.failure = (request_id, exc, tb) if tb is not None else None
 
 
-def post_mortem(engine, request_id: str) -> str:
-    """pdb on the traceback that cell ``request_id`` left here: "ok" once the user quits, or
-    why it cannot start ("none": no failed cell kept, "other": a different cell's)."""
+def post_mortem(engine, request_id: str | None) -> str:
+    """pdb on the traceback that cell ``request_id`` left here (None: the latest failed cell's):
+    "ok" once the user quits, or why it cannot start ("none": no failed cell kept, "other": a
+    different cell's)."""
     return _post_mortem(engine, getattr(engine, "failure", None), request_id)
 
 
@@ -290,11 +291,11 @@ def actor_post_mortem(engine, token: str) -> str:
     return _post_mortem(engine, _actor_failure, token)
 
 
-def _post_mortem(engine, kept: tuple | None, key: str) -> str:
-    """pdb on ``kept`` (key, exception, traceback) if it is ``key``'s."""
+def _post_mortem(engine, kept: tuple | None, key: str | None) -> str:
+    """pdb on ``kept`` (key, exception, traceback) if it is ``key``'s (None: whoever's)."""
     if kept is None:
         return "none"
-    if kept[0] != key:
+    if key is not None and kept[0] != key:
         return "other"
     _open(engine, *kept[1:])
     return "ok"

@@ -363,6 +363,35 @@ def test_debug_cell_types_its_lines_at_the_prompts_without_an_input_box(kernel):
     assert "2" in text
 
 
+def test_debug_opens_the_latest_failure_whichever_cell_ended_last(kernel):
+    # A --noblock cell fails on rank 1 at once, then a cell sent after it fails there too and
+    # ends first; the --noblock one ends (fails) on rank 0 two seconds later. Rank 1 keeps the
+    # later cell's traceback: %monarch debug opened the other and said "%monarch debug opens
+    # the latest", of itself.
+    kernel.run(
+        "%%monarch --noblock --out first\nimport time\nif rank == 0:\n    time.sleep(2)\n"
+        "raise ValueError('first')"
+    )
+    kernel.run("%%monarch --targets 1\nraise KeyError('second')", ok=False)
+    kernel.run("assert first.wait(60)")
+    for line in ("%%monarch debug\nq", "%%monarch debug --rank 1\nq"):
+        text, _ = kernel.run(line, allow_stdin=False)
+        assert "[rank 1] KeyError: 'second'" in text, text
+    text, _ = kernel.run("%%monarch debug --rank 0\nq", ok=False, allow_stdin=False)
+    assert "rank 0 did not fail in that cell; rank 1 did" in text
+    text, _ = kernel.run("first.result()", ok=False)
+    assert "ValueError: first" in text
+
+
+def test_eof_of_an_input_without_stdin_shows_only_the_users_frames(kernel):
+    kernel.run("%%monarch --noblock --out asking --targets 0\nname = input('name? ')")
+    kernel.run("assert asking.wait(60)")
+    text, _ = kernel.run("asking.result()", ok=False)
+    assert "name = input('name? ')" in text
+    assert "EOFError: a rank's input() needs a blocking cell" in text
+    assert "debugger.py" not in text and "monarch_nb" not in text, text
+
+
 ACTOR_BREAK = """from monarch_nb import Actor, current_rank, endpoint, proc_mesh
 
 class Stepper(Actor):

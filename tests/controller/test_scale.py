@@ -4,11 +4,15 @@ processes, through a real IPython shell."""
 from __future__ import annotations
 
 import _thread
+import logging
+import re
 import threading
 import time
 
 import _actor_helpers as helpers
 import cloudpickle
+import dask
+import psutil
 import pytest
 from _wait import running, wait_for
 from distributed import LocalCluster
@@ -17,8 +21,9 @@ from IPython.core.error import UsageError
 import monarch_nb
 from monarch_nb import errors, registry
 from monarch_nb.actors import mesh as actors
-from monarch_nb.controller import attach
+from monarch_nb.controller import attach, capacity
 from monarch_nb.controller import cluster as clusters
+from monarch_nb.controller import scale as scaling
 from monarch_nb.controller.links import RankInfo
 from monarch_nb.telemetry.store import Store
 
@@ -125,6 +130,90 @@ def test_refused_in_one_line(clean, cell):
     )
     handle.wait()
     assert clean.world_size == 2
+
+
+def test_a_size_the_machine_cannot_hold_is_refused_before_anything_starts(clean, cell):
+    # 10000 started a nanny per rank until the kernel ran out of descriptors; the other hung
+    # planning its workers. Both are refused with the estimate, and nothing starts.
+    specs = dict(clean.cluster.worker_spec)
+    for n in (10000, 99999999999999999999):
+        cell(f"%monarch scale {n}", expect_error=True)
+        message = str(cell.error)
+        assert isinstance(cell.error, UsageError) and "\n" not in message
+        assert re.fullmatch(
+            rf"scale {n} is more than this machine can hold: {n - 2} new ranks need about "
+            r"[^;]+ \(\d+ \w+ each\), and [^;]+; scale to \d+ at most",
+            message,
+        ), message
+        assert dict(clean.cluster.worker_spec) == specs and clean.world_size == 2
+    # Any cluster (dask-jobqueue's has no maximum of its own): the links need open files here.
+    with pytest.raises(ValueError, match=r"open files in this kernel \(6 each\), and \d+ of its"):
+        capacity.check(1, 10**20, local=False)
+    assert clean.run("rank").values() == [0, 1]
+
+
+class _Logged(logging.Handler):
+    """The errors Dask, tornado and asyncio log (they reached the cell: 2.7 MB of them)."""
+
+    NAMES = ("distributed.nanny", "distributed.deploy.spec", "tornado.application", "asyncio")
+
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+    def __enter__(self):
+        for name in self.NAMES:
+            logging.getLogger(name).addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        for name in self.NAMES:
+            logging.getLogger(name).removeHandler(self)
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def test_after_a_failed_grow_and_a_shrink_on_a_busy_loop_every_command_answers(no_current, cell):
+    before = _children()
+    cell("%monarch up --workers 2 --cpu")
+    ctl = errors.current()
+    # A real nanny that fails: each new worker imports a preload module that is not there.
+    with _Logged() as logged, dask.config.set({"distributed.worker.preload": ["no_such_xyz"]}):
+        cell("%monarch scale 4 --wait 20", expect_error=True)
+    assert re.fullmatch(
+        r"(a new worker|2 new workers) failed to start \(ModuleNotFoundError: No module named "
+        r"'no_such_xyz'\); the cluster was scaled back to 2",
+        str(cell.error),
+    ), str(cell.error)
+    assert [r.getMessage() for r in logged.records] == []
+    assert cell.err.splitlines() == [f"UsageError: {cell.error}"]  # one line, no traceback
+    assert list(ctl.cluster.worker_spec) == [0, 1] and list(ctl.cluster.workers) == [0, 1]
+    assert len(ctl.client.scheduler_info(n_workers=-1)["workers"]) == 2
+    cell("%monarch status")
+    assert [row.split()[-2] for row in cell.out.splitlines()[1:]] == ["idle", "idle"]
+    assert cell("%%monarch\nrank").values() == [0, 1]
+
+    # Rank 1 leaves while the event loop is held up (as a kernel out of descriptors held it):
+    # its links cannot close in time. That raised TimeoutError with the rank half gone, and
+    # every later command KeyError: 1.
+    ctl._loop.call_soon_threadsafe(time.sleep, scaling.CLOSE_WAIT + 1)
+    cell("%monarch scale 1")
+    assert cell.out.startswith("monarch-nb: scaled to 1 rank; rank 1 left")
+    assert cell("%%monarch\nrank").values() == [0]
+    cell("%monarch status")
+    assert len(cell.out.splitlines()) == 2
+    cell("%monarch interrupt")
+    assert cell.out == "monarch-nb: rank 0 was running nothing\n"
+    cell("%monarch scale 2")
+    assert cell("%%monarch\nrank").values() == [0, 1]
+    cell("%monarch down")
+    assert cell.out == "monarch-nb: cluster shut down\n"
+    assert wait_for(lambda: not running(_children() - before), timeout=30)
 
 
 def test_a_factory_cluster_grows_and_shrinks(no_current, cell, tmp_path):

@@ -262,3 +262,22 @@ def test_a_restart_brings_the_synced_code_back(clean, tmp_path):
     after = clean.run(f"import os, {name}.model\n(os.getpid(), {name}.model.f())").values()
     assert [v for _, v in after] == [1, 1]
     assert not set(before) & {pid for pid, _ in after}
+
+
+def test_paths_with_spaces_and_non_ascii_names_are_quoted_as_in_a_shell(
+    clean, cell, tmp_path, monkeypatch
+):
+    folder = tmp_path / "dir with spaces é"
+    folder.mkdir()
+    name = f"modé_{uuid.uuid4().hex[:8]}"
+    (folder / f"{name}.py").write_text("VALUE = 'é'\n")
+    cell(f"%monarch sync '{folder / name}.py'")  # the quotes were kept as part of the path
+    assert cell.out.strip() == "monarch-nb: sync: sent 1 file (13 B) to ranks 0-1"
+    assert cell(f"%%monarch\nimport {name}\n{name}.VALUE").values() == ["é", "é"]
+    monkeypatch.chdir(tmp_path)
+    cell(f'%monarch sync "dir with spaces é/{name}.py" --targets 1')
+    assert cell.out.strip().endswith("rank 1 already had all 1 file (13 B); nothing sent")
+
+    (folder / "show args é.py").write_text("import sys\nprint(sys.argv[1:])\n")
+    cell(r"%monarch run --targets 0 dir\ with\ spaces\ é/'show args é.py' 'a b' \"c\"")
+    assert "[rank 0] ['a b', '\"c\"']" in cell.out

@@ -7,6 +7,7 @@ import math
 import threading
 
 import pytest
+from _wait import wait_for
 
 import monarch_nb
 from monarch_nb.notebook import magic
@@ -158,7 +159,36 @@ def test_reset_interrupt_restart_messages(cell, clean):
     cell("%monarch reset --targets 0")
     assert "cleared the namespaces of rank 0" in cell.out
     cell("%monarch interrupt")
-    assert "interrupted ranks 0-1" in cell.out
+    assert cell.out == "monarch-nb: ranks 0-1 were running nothing\n"
+
+
+def test_interrupt_says_which_ranks_it_stopped_and_which_are_still_busy(cell, clean):
+    handle = cell("%%monarch --noblock\nwhile True: pass")
+    assert wait_for(lambda: _busy(clean), 10)  # started: one still on its way is not running
+    cell("%monarch interrupt --targets 0")
+    assert cell.out == "monarch-nb: interrupted rank 0\n"
+    cell("%monarch interrupt")
+    assert cell.out == "monarch-nb: interrupted rank 1; rank 0 was running nothing\n"
+    with pytest.raises(monarch_nb.CellError, match="KeyboardInterrupt"):
+        handle.result(timeout=30)
+
+    # A KeyboardInterrupt lands between two bytecodes, not inside time.sleep: named, as a
+    # Ctrl-C names it, never "interrupted" (the next cell waited out the sleep behind it).
+    handle = cell("%%monarch --noblock\nimport time\ntime.sleep(5)")
+    assert wait_for(lambda: _busy(clean), 10)
+    cell("%monarch interrupt")
+    assert cell.out == ""
+    assert cell.err == (
+        "monarch-nb: ranks 0-1 are still busy: their cell did not stop within 1.5 s of the "
+        "interrupt (stuck in a C call, such as a long time.sleep?); %monarch interrupt again, "
+        "or %monarch restart for fresh workers\n"
+    )
+    with pytest.raises(monarch_nb.CellError, match="KeyboardInterrupt"):
+        handle.result(timeout=30)  # it lands once the sleep returns
+
+
+def _busy(ctl) -> bool:
+    return all(row["state"].startswith("busy") for row in ctl.status())
 
 
 def test_kernel_interrupt_of_a_blocking_cell(cell, clean):
@@ -256,3 +286,19 @@ def test_small_mistakes_and_hidden_values(cell, clean):
 def test_split_items():
     assert split_items("a b=f(x, y) c='p q'") == "a, b=f(x, y), c='p q'"
     assert split_items("a, b=1") == "a, b=1"
+
+
+def test_path_arguments_are_split_as_a_shell_splits_them(shell):
+    parser = MonarchMagics(shell).parser
+    cases = {
+        "sync 'a b/é.py' c\\ d.py \"e é\"": ("paths", ["a b/é.py", "c d.py", "e é"]),
+        "run 'my dir/train é.py' --name 'a b' \"c\"": ("script", "my dir/train é.py"),
+        "plot --save 'loss plot é.html'": ("save", "loss plot é.html"),
+        'connect --scheduler-file "shared dir/scheduler é.json"': (
+            "scheduler_file",
+            "shared dir/scheduler é.json",
+        ),
+    }
+    for line, (name, value) in cases.items():
+        assert getattr(parser.parse_argstring(line), name) == value, line
+    assert parser.parse_argstring("run s.py --name 'a b' \"c\"").args == ["--name", "a b", "c"]
