@@ -97,13 +97,13 @@ def _save(dist, root: Path, model, optimizer, step, extra, keep) -> str:
     try:
         for old in root.glob(".step-*.partial-*") if rank == 0 else ():
             shutil.rmtree(old, ignore_errors=True)  # left by saves that failed: none is under way
-        try:
-            import torch.distributed.checkpoint as dcp
+        import torch.distributed.checkpoint as dcp
 
+        try:
             partial.mkdir(parents=True, exist_ok=True)
             dcp.save(state, storage_writer=dcp.FileSystemWriter(str(partial)))
             _write(partial / f"rank-{rank:05d}.pt", blob.getvalue())
-        except Exception as e:
+        except (Exception, dcp.api.CheckpointException) as e:  # DCP's: raised on every rank
             error = e
         # The barrier: every rank has written its part (or says why not) before rank 0 renames.
         answers = _agree((_failure(error, rank),))
@@ -181,7 +181,11 @@ def load(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
-    dcp.load(state, storage_reader=dcp.FileSystemReader(str(where)))
+    try:
+        dcp.load(state, storage_reader=dcp.FileSystemReader(str(where)))
+    except dcp.api.CheckpointException as e:  # raised on every rank alike: no need to agree
+        failure = _failure(e, rank)
+        raise RuntimeError(f"step {step} was not loaded (rank {failure[0]}: {failure[1]})") from e
     set_state_dict(
         model,
         [] if optimizer is None else optimizer,
@@ -264,10 +268,12 @@ def _writable(root: Path) -> None:
         os.unlink(probe)
     except OSError as e:
         why = e.strerror or type(e).__name__
+        where = Path(e.filename) if e.filename else root
+        if where != root and root not in where.parents:  # above it; not the probe's name in it
+            why += f": {where}"
         raise ValueError(
-            f"checkpoints cannot be written to {root} ({why}"
-            + (f": {e.filename}" if e.filename and str(e.filename) != str(root) else "")
-            + "): pick a directory every rank can write to"
+            f"checkpoints cannot be written to {root} ({why}): pick a directory every rank "
+            "can write to"
         ) from None
 
 
@@ -357,10 +363,13 @@ def _read(file: Path) -> dict:
         raise ValueError(f"{file} is missing: the checkpoint is incomplete") from None
 
 
-def _failure(e: Exception | None, rank: int) -> tuple[int, str, bool] | None:
+def _failure(e: BaseException | None, rank: int) -> tuple[int, str, bool] | None:
     """(rank, one line, whether it is a mistake our checks caught) for the other ranks."""
     if e is None:
         return None
+    failures = getattr(e, "failures", None)  # DCP's CheckpointException: the ranks' own errors
+    if isinstance(failures, dict) and failures:
+        rank, (e, _) = min(failures.items(), key=lambda item: item[0])
     text = str(e).splitlines()[0] if str(e) else ""
     if isinstance(e, ValueError) and _raised_here(e):
         return rank, text, True
@@ -388,7 +397,7 @@ def _agree(mine: tuple) -> list[tuple]:
 def _raise_first(answers: list[tuple], what: str, error, root: Path | None = None) -> None:
     """The same one line on every rank when any rank failed; on the rank whose own code raised
     (a model's ``state_dict``, the disk), the exception it raised follows as the cause."""
-    failures = [a[0] for a in answers if a[0] is not None]
+    failures = list(dict.fromkeys(a[0] for a in answers if a[0] is not None))  # DCP's: alike
     if not failures:
         return
     rank, text, ours = failures[0]

@@ -181,6 +181,36 @@ def test_fsdp2_saved_at_4_ranks_loads_at_2(own, tmp_path):
             assert torch.equal(got_adam[k], adam[k]), k
 
 
+def test_a_tensor_parallel_model_loads_into_a_plain_one(own, tmp_path):
+    """On this module's cluster: a model parallelized so holds the process group (as DDP does)
+    after the namespace is gone, and the shared cluster's tests of Ctrl-C need it free."""
+    own.push({"PATH": str(tmp_path)})
+    mesh = own.run(
+        NETS
+        + textwrap.dedent("""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel, RowwiseParallel, parallelize_module
+        )
+
+        model = net(0)
+        mesh = init_device_mesh("cpu", (world_size,))
+        parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        train(model, opt, 2)
+        checkpoint.save(PATH, model, opt, step=2)
+        plain = net(1)
+        checkpoint.load(PATH, plain)
+        (
+            model[0].weight.to_local().shape[0],
+            all(torch.equal(v.full_tensor(), plain.state_dict()[k])
+                for k, v in model.state_dict().items()),
+        )
+        """)
+    )
+    assert mesh.values() == [(8, True)] * 2  # 16 rows, 8 on each rank, all 16 in the plain model
+
+
 # -- a rank lost mid-run --------------------------------------------------------------------
 TRAIN = textwrap.dedent("""
     import time
@@ -320,6 +350,28 @@ def test_a_save_that_fails_on_one_rank_leaves_the_previous_latest(nets):
     assert on_disk(path) == ["latest", "step-00000001"]
     assert checkpoint.latest(path) == 1
     assert ctl.run(ALL_REDUCE).values() == [2.0, 2.0]
+
+
+def test_a_save_that_dcp_fails_on_one_rank_after_the_others_wrote_is_not_published(own, tmp_path):
+    """A model on the meta device on rank 1: DCP's writing fails there, rank 0's is written.
+    On this module's cluster: after DCP's own failure the ranks hold the process group (a rank
+    leaving it closes none of its connections), and the shared cluster's tests of Ctrl-C in a
+    collective need it free."""
+    ctl, path = own, tmp_path / "ckpt"
+    ctl.run(NETS)
+    ctl.push({"PATH": str(path)})
+    ctl.run("checkpoint.save(PATH, net(0), step=1)")
+    errors = failed(
+        ctl,
+        "with torch.device('meta' if rank == 1 else 'cpu'):\n    model = net(0)\n"
+        "checkpoint.save(PATH, model, step=2)",
+    )
+    message = (
+        "step 2 was not saved (rank 1: NotImplementedError: Cannot copy out of meta tensor; "
+        "no data!); the latest is still step 1"
+    )
+    assert errors == {r: ("RuntimeError", message) for r in (0, 1)}
+    assert on_disk(path) == ["latest", "step-00000001"]
 
 
 def test_a_save_where_the_ranks_do_not_share_the_directory_is_not_published(nets, tmp_path):
