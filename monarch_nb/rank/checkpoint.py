@@ -88,14 +88,12 @@ def _save(dist, root: Path, model, optimizer, step, extra, keep) -> str:
         error = e
     answers = _agree((_failure(error, rank), step, uuid.uuid4().hex[:12]))
     _raise_first(answers, f"step {step} was not saved", error, root)
-    if len({a[1] for a in answers}) > 1:
-        said = ", ".join(f"rank {r}: {a[1]}" for r, a in enumerate(answers))
-        raise ValueError(f"save was called with a different step on each rank ({said})")
+    _same_step(answers, "save was given")
 
     final = root / _dir_name(step)
     partial = root / f".{final.name}.partial-{answers[0][2]}"
     try:
-        for old in root.glob(".step-*.partial-*") if rank == 0 else ():
+        for old in root.glob(".step-*") if rank == 0 else ():
             shutil.rmtree(old, ignore_errors=True)  # left by saves that failed: none is under way
         import torch.distributed.checkpoint as dcp
 
@@ -110,14 +108,8 @@ def _save(dist, root: Path, model, optimizer, step, extra, keep) -> str:
         _raise_first(answers, f"step {step} was not saved", error, root)
         if rank == 0:
             try:
-                meta = {
-                    "format": FORMAT,
-                    "step": step,
-                    "time": time.time(),
-                    "world_size": world,
-                    "params": params,
-                    "optimizer": optimizer is not None,
-                }
+                meta = dict(format=FORMAT, step=step, time=time.time(), world_size=world)
+                meta.update(params=params, optimizer=optimizer is not None)
                 _publish(root, partial, final, world, meta, keep)
             except Exception as e:
                 error = e
@@ -174,9 +166,7 @@ def load(
         error = e
     answers = _agree((_failure(error, rank), step))
     _raise_first(answers, f"step {step} was not loaded", error)
-    if len({a[1] for a in answers}) > 1:  # a save finished between two ranks' reads of latest
-        said = ", ".join(f"rank {r}: {a[1]}" for r, a in enumerate(answers))
-        raise ValueError(f"the ranks found different latest steps ({said}): load again")
+    _same_step(answers, "load found")  # a step= per rank, or a save between their reads
 
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
@@ -277,24 +267,20 @@ def _writable(root: Path) -> None:
         ) from None
 
 
-def _checked(extra: dict | None) -> None:
+def _checked(value, where: str = "extra") -> None:
     """A one-line ValueError naming the first value of ``extra`` a checkpoint cannot keep: it
     is read back with ``torch.load(weights_only=True)``, which runs no code."""
-    if extra is not None and type(extra) is not dict:
-        raise ValueError(f"extra must be a dict, got {type(extra).__name__}")
-    _keepable(extra, "extra")
-
-
-def _keepable(value, where: str) -> None:
     torch = _torch()
+    if where == "extra" and value is not None and type(value) is not dict:
+        raise ValueError(f"extra must be a dict, got {type(value).__name__}")
     if type(value) is dict:
         for k, v in value.items():
             if type(k) not in _SAFE:
                 raise ValueError(f"{where} has a key of type {type(k).__name__}: {_KEEPS}")
-            _keepable(v, f"{where}[{k!r}]")
+            _checked(v, f"{where}[{k!r}]")
     elif type(value) in (list, tuple):
         for i, v in enumerate(value):
-            _keepable(v, f"{where}[{i}]")
+            _checked(v, f"{where}[{i}]")
     elif type(value) not in (*_SAFE, torch.Tensor, torch.nn.Parameter):
         raise ValueError(f"{where} is a {type(value).__name__}: {_KEEPS}")
 
@@ -394,6 +380,15 @@ def _agree(mine: tuple) -> list[tuple]:
     return answers
 
 
+def _same_step(answers: list[tuple], said: str) -> None:
+    if len({a[1] for a in answers}) > 1:
+        steps = ", ".join(f"rank {r}: {a[1]}" for r, a in enumerate(answers))
+        raise ValueError(
+            f"{said} a different step on each rank ({steps}): give every rank the same one "
+            "(the latest changed between the ranks' reads? load again)"
+        )
+
+
 def _raise_first(answers: list[tuple], what: str, error, root: Path | None = None) -> None:
     """The same one line on every rank when any rank failed; on the rank whose own code raised
     (a model's ``state_dict``, the disk), the exception it raised follows as the cause."""
@@ -405,12 +400,11 @@ def _raise_first(answers: list[tuple], what: str, error, root: Path | None = Non
         everywhere = len(failures) == len(answers) and all(f[1] == text for f in failures)
         raise ValueError(text if everywhere else f"rank {rank}: {text}") from None
     who = ", ".join(f"rank {f[0]}: {f[1]}" for f in failures)
-    if root is not None:  # a save: what a load would find instead
+    end = ")"
+    if root is not None:  # a save: what a load finds instead
         last = latest(root)
-        who += f"); the latest is still step {last}" if last is not None else "); no latest yet"
-    else:
-        who += ")"
-    raise RuntimeError(f"{what} ({who}") from error
+        end += f"; the latest is still step {last}" if last is not None else "; no latest yet"
+    raise RuntimeError(f"{what} ({who}{end}") from error
 
 
 def _publish(root: Path, partial: Path, final: Path, world: int, meta: dict, keep) -> None:

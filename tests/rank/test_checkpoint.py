@@ -455,6 +455,10 @@ def test_bad_arguments_are_one_line_on_every_rank(nets):
         message = message.format(path=path)
         assert failed(ctl, call) == {r: ("ValueError", message) for r in (0, 1)}, call
     ctl.run("checkpoint.save(PATH, net(0), step=5)")
+    assert failed(ctl, "checkpoint.load(PATH, net(0), step=5 + rank)")[0] == (
+        "ValueError",
+        "rank 1: " + f"{path} has no finished checkpoint step-00000006 (steps: 5)",
+    )
     assert failed(ctl, "checkpoint.load(PATH, net(0), step=4)")[0] == (
         "ValueError",
         f"{path} has no finished checkpoint step-00000004 (steps: 5)",
