@@ -43,6 +43,8 @@ _EXPORTS = {
     "monarch_nb.telemetry.recorder": ("log",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+# Modules used by their name (``monarch_nb.checkpoint.save(...)``), imported when first used too.
+_MODULES = {"checkpoint": "monarch_nb.rank.checkpoint"}
 
 if TYPE_CHECKING:
     from monarch_nb.actors import (
@@ -70,6 +72,7 @@ if TYPE_CHECKING:
     from monarch_nb.controller.targets import TargetError, parse_targets
     from monarch_nb.errors import ClusterError, current
     from monarch_nb.notebook.bokeh_display import show
+    from monarch_nb.rank import checkpoint
     from monarch_nb.rank.labels import label
     from monarch_nb.telemetry.metrics import history
     from monarch_nb.telemetry.recorder import log
@@ -77,9 +80,12 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str):
     module = _WHERE.get(name)
-    if module is None:
+    if name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    elif module is None:
         raise AttributeError(f"module 'monarch_nb' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    else:
+        value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 
@@ -103,6 +109,7 @@ __all__ = [
     "TargetError",
     "UnserializableResult",
     "ValueMesh",
+    "checkpoint",
     "connect",
     "context",
     "current",

@@ -246,6 +246,7 @@ def _join(engine, backend: str, host: str, port: int, timeout: float) -> None:
 
     rank, world_size = engine.identity["rank"], engine.identity["world_size"]
     _destroy()
+    _unpin()
     if rank == 0:
         store = _store["master"]
     else:
@@ -261,6 +262,15 @@ def _join(engine, backend: str, host: str, port: int, timeout: float) -> None:
             timeout=timedelta(seconds=timeout),
         )
     session.quiet_pollers()  # where allowed: ~10
+
+
+def _unpin() -> None:
+    """torch.distributed.nn.functional's collectives take ``group=group.WORLD`` as a default,
+    evaluated as it is first imported: imported while a group exists (torch.distributed.checkpoint,
+    FSDP and ShardedTensor import it), it holds that group for ever, so leaving the group closes
+    none of its connections and a peer waiting in a collective with this rank is not set free
+    (after an interrupt) until the group's timeout. Imported with no group, the default is None."""
+    import torch.distributed.nn.functional  # noqa: F401
 
 
 def _leave(engine) -> None:
