@@ -208,7 +208,7 @@ class CommRelay:
         with self._out:
             if self._timer is not None:
                 self._timer.cancel()
-            self._timer, self._held = None, set()
+        self.flush()  # the last state reaches the views that stay
         with self._lock:
             twins, self._twins = list(self._twins.values()), {}
         self._freeze(twins)
@@ -222,8 +222,7 @@ class CommRelay:
 
     @staticmethod
     def _freeze(twins: list) -> None:
-        """Each output that shows a twin's widget replaced by its picture (held updates are
-        already in the twins' states)."""
+        """Each output that shows a twin's widget replaced by its picture."""
         from IPython.display import update_display
 
         by_id = {twin.comm_id: twin for twin in twins}
