@@ -2,7 +2,8 @@
 
     python benchmarks/bench_training.py [--steps 300] [--repeats 3] [--model monarch|dense]
 
-1. ``torchrun --nproc-per-node 2 train_digits.py``
+1. ``torchrun --nproc-per-node 2 train_digits.py`` (monarch_nb/examples/, the script notebook 03
+   runs)
 2. ``%monarch run train_digits.py`` (``controller.launch.run_script``) on a 2-rank cluster
 3. a ``%%monarch`` cell that calls the script's ``main()`` inside the cluster's process group
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import io
 import json
 import statistics
@@ -23,7 +25,8 @@ from pathlib import Path
 
 import machine
 
-SCRIPT = Path(__file__).with_name("train_digits.py")
+# by its path, the same file each way: the launchers are what is measured
+SCRIPT = Path(importlib.util.find_spec("monarch_nb.examples.train_digits").origin)
 
 
 def torchrun(args: list[str]) -> float:

@@ -217,6 +217,19 @@ class NotebookPage:
         )
         return self.page.locator(f'[data-test-cell="{index}"]')
 
+    def shut_down(self, settle: float = 3) -> None:
+        """Shut the kernel down from the page and close the notebook, as a person does once
+        done, and wait ``settle`` seconds: what the page's widgets do as their kernel goes and
+        their views are detached (a figure sending its new size, say) lands in ``watch``."""
+        self.page.evaluate(
+            """async () => {
+              const panel = window.jupyterapp.shell.currentWidget;
+              await panel.sessionContext.shutdown();
+              panel.dispose();
+            }"""
+        )
+        self.page.wait_for_timeout(settle * 1000)
+
     def close(self) -> None:
         self.page.close()
         for session in self.lab.api("api/sessions"):

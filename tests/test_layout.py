@@ -12,7 +12,7 @@ ROOT = Path(__file__).parent.parent
 PACKAGE = ROOT / "monarch_nb"
 # Imported by every side; everything else lives in the folder of the process that runs it.
 SHARED = {"__init__.py", "errors.py", "registry.py", "wire.py"}
-SIDES = {"controller", "notebook", "rank", "actors", "telemetry", "server"}
+SIDES = {"controller", "notebook", "rank", "actors", "telemetry", "server", "examples"}
 MAX_LINES = 500
 
 

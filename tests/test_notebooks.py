@@ -7,6 +7,8 @@ That every notebook runs end to end with no error but where a cell is tagged
 
 from __future__ import annotations
 
+import importlib.util
+import re
 from pathlib import Path
 
 import nbformat
@@ -37,6 +39,25 @@ def text_of(cell) -> str:
 
 def test_there_are_notebooks():
     assert any(p.name == "01-quickstart.ipynb" for p in NOTEBOOKS)
+
+
+IMPORT = re.compile(r"\s*(?:from|import)\s+([A-Za-z_]\w*)")
+
+
+def test_a_notebook_handed_out_needs_nothing_beside_it():
+    """What a notebook imports and runs comes from installed packages, never from files beside
+    it (the browser test runs them from a folder holding nothing else)."""
+    problems = []
+    for path in NOTEBOOKS:
+        for cell in nbformat.read(path, as_version=4).cells:
+            for line in cell.source.splitlines() if cell.cell_type == "code" else ():
+                imported = IMPORT.match(line)
+                if imported and importlib.util.find_spec(imported[1]) is None:
+                    problems.append(f"{path.name}: {line.strip()!r} imports no installed module")
+                run = line.strip().startswith("%monarch run ") and " -m " not in line
+                if run or "../" in line:
+                    problems.append(f"{path.name}: {line.strip()!r} names a file beside it")
+    assert not problems, "\n".join(problems)
 
 
 _executed: dict[Path, nbformat.NotebookNode] = {}

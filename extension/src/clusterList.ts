@@ -2,7 +2,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
 import { el, formatSince } from './format';
-import { ICluster } from './types';
+import { ICluster, IUnreachable } from './types';
 
 /** The registered clusters, one line each; clicking one selects it. */
 export class ClusterList extends Widget {
@@ -15,7 +15,8 @@ export class ClusterList extends Widget {
       'No clusters yet. Run %monarch up in a notebook to start one.'
     );
     this._list = el('ul', 'monarch-cluster-items');
-    this.node.append(this._empty, this._list);
+    this._unreachable = el('ul', 'monarch-unreachable');
+    this.node.append(this._empty, this._list, this._unreachable);
     this._list.addEventListener('click', this._onClick);
   }
 
@@ -27,8 +28,9 @@ export class ClusterList extends Widget {
     return this._selected;
   }
 
-  /** Show `clusters`, keeping the selection while its cluster is listed. */
-  render(clusters: ICluster[]): void {
+  /** Show `clusters`, keeping the selection while its cluster is listed, and one line for
+   * each live cluster the server cannot reach, saying why. */
+  render(clusters: ICluster[], unreachable: IUnreachable[] = []): void {
     const ids = new Set(clusters.map(c => c.id));
     for (const [id, item] of this._items) {
       if (!ids.has(id)) {
@@ -45,7 +47,14 @@ export class ClusterList extends Widget {
       this._list.appendChild(item); // keeps the server's order (oldest first)
       this._fill(item, cluster);
     }
-    this._empty.hidden = clusters.length > 0;
+    this._empty.hidden = clusters.length + unreachable.length > 0;
+    this._unreachable.replaceChildren(
+      ...unreachable.map(c => {
+        const line = el('li', 'monarch-unreachable-item', `${clusterName(c)}: not shown: ${c.why}`);
+        line.title = `${c.scheduler_address} (controller pid ${c.pid})`;
+        return line;
+      })
+    );
     let selected = this._selected;
     if (selected === null || !ids.has(selected)) {
       selected = clusters.length > 0 ? clusters[clusters.length - 1].id : null;
@@ -72,12 +81,7 @@ export class ClusterList extends Widget {
 
   private _fill(item: HTMLElement, c: ICluster): void {
     const [title, address, meta] = Array.from(item.children) as HTMLElement[];
-    const name = c.notebook
-      ? c.notebook
-      : c.kernel_id
-        ? `kernel ${c.kernel_id.slice(0, 8)}`
-        : `process ${c.pid}`;
-    title.textContent = name;
+    title.textContent = clusterName(c);
     title.title = c.kernel_id ? `kernel ${c.kernel_id}` : `controller pid ${c.pid}`;
     address.textContent = c.scheduler_address;
     const ranks = `${c.ranks} rank${c.ranks === 1 ? '' : 's'}`;
@@ -104,7 +108,16 @@ export class ClusterList extends Widget {
 
   private _empty: HTMLElement;
   private _list: HTMLUListElement;
+  private _unreachable: HTMLUListElement;
   private _items = new Map<string, HTMLLIElement>();
   private _selected: string | null = null;
   private _selectionChanged = new Signal<this, string | null>(this);
+}
+
+/** Whose cluster it is: its notebook, else its kernel, else its controller's process. */
+function clusterName(c: ICluster): string {
+  if (c.notebook) {
+    return c.notebook;
+  }
+  return c.kernel_id ? `kernel ${c.kernel_id.slice(0, 8)}` : `process ${c.pid}`;
 }

@@ -8,7 +8,7 @@ import { ClusterList } from './clusterList';
 import { closeDashboard } from './dashboardTab';
 import { Poller } from './poller';
 import { requestAPI } from './request';
-import { ICluster, IMetrics } from './types';
+import { ICluster, IClusters, IMetrics } from './types';
 
 export interface ISidebarOptions {
   interval: number;
@@ -71,12 +71,13 @@ export class MonarchSidebar extends Panel {
   }
 
   private _pollList = async (): Promise<boolean> => {
-    const { data } = await requestAPI<{ clusters: ICluster[] }>('clusters');
-    const text = JSON.stringify(data.clusters);
+    const { data } = await requestAPI<IClusters>('clusters');
+    const unreachable = data.unreachable ?? [];
+    const text = JSON.stringify([data.clusters, unreachable]);
     const changed = text !== this._listText;
     this._listText = text;
     this._clusters = new Map(data.clusters.map(c => [c.id, c]));
-    this._list.render(data.clusters); // also refreshes the "up since" times
+    this._list.render(data.clusters, unreachable); // also refreshes the "up since" times
     const selected = this._list.selected;
     if (selected !== this._detail.cluster?.id) {
       this._onSelect(this._list, selected);

@@ -15,6 +15,17 @@ export interface ICluster {
   owns_cluster?: boolean;
 }
 
+/** A live cluster the server cannot show (its dashboard does not answer it), and why. */
+export interface IUnreachable extends ICluster {
+  why: string;
+}
+
+/** GET /monarch/api/clusters: what the sidebar lists, and what it leaves out and why. */
+export interface IClusters {
+  clusters: ICluster[];
+  unreachable?: IUnreachable[];
+}
+
 /** One rank as the scheduler and the telemetry see it. */
 export interface IRankRow {
   rank: number | string;

@@ -87,8 +87,9 @@ class CellHandle:
 
     def display_outputs(self) -> None:
         """Show the rich outputs (figures, HTML) the cell produced, tagged by rank."""
-        for ranks, data, metadata, _ in getattr(self._sink, "rich", []):
-            ConsoleSink().display(ranks, data, metadata)
+        for ranks, data, metadata, display_id in getattr(self._sink, "rich", []):
+            # with its display id: a rank's widget shown here is kept when the cluster goes down
+            ConsoleSink().display(ranks, data, metadata, display_id)
 
     def __repr__(self) -> str:
         state = "done" if self.done() else "running"

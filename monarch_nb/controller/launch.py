@@ -1,4 +1,5 @@
-"""``%monarch run script.py``: an unmodified torchrun-style script on every rank.
+"""``%monarch run script.py``: an unmodified torchrun-style script on every rank; ``-m module``
+runs a module of a package the ranks have, as ``python -m`` and ``torchrun -m`` do.
 
 Each rank starts the script as a child process with the variables torchrun sets (RANK,
 LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and streams its output back
@@ -12,6 +13,7 @@ LOCAL_RANK is the rank's own, as under torchrun.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import sys
@@ -28,11 +30,12 @@ class ScriptError(CellError):
     """The script exited non-zero on some ranks."""
 
 
-def run_script(ctl, path: str, args: list[str], targets=None) -> ValueMesh:
-    """Run ``path`` with ``args`` on the targeted ranks; a ValueMesh of exit codes (all zero)."""
+def run_script(ctl, path: str, args: list[str], targets=None, module: bool = False) -> ValueMesh:
+    """Run ``path`` with ``args`` on the targeted ranks (``module``: ``path`` names a module, run
+    as ``python -m``); a ValueMesh of exit codes (all zero)."""
     ranks = ctl.targets(targets)
     local = os.path.abspath(path)
-    script = local if os.path.exists(local) else path
+    script = local if not module and os.path.exists(local) else path
     addr = master_host(ctl.ranks[ranks[0]].address)
     port = ctl.call(_free_port, targets=[ranks[0]]).item()
     hosts = [ctl.ranks[r].host for r in ranks]
@@ -49,7 +52,7 @@ def run_script(ctl, path: str, args: list[str], targets=None) -> ValueMesh:
             "MASTER_PORT": str(port),
             **visible[i],
         }
-        per_rank[r] = (script, list(args), env)
+        per_rank[r] = (script, list(args), env, module)
     codes = ctl.call(_run, targets=ranks, per_rank=per_rank)
     failed = {r: c for r, c in codes.items() if c != 0}
     if failed:
@@ -92,7 +95,17 @@ def _free_port(engine) -> int:
         return s.getsockname()[1]
 
 
-def _run(engine, script: str, args: list[str], env: dict[str, str]) -> int:
-    if not os.path.exists(script):
+def _run(engine, script: str, args: list[str], env: dict[str, str], module: bool = False) -> int:
+    if module:
+        try:
+            found = importlib.util.find_spec(script) is not None
+        except ImportError:  # its package is missing
+            found = False
+        if not found:
+            raise ModuleNotFoundError(f"no module named {script!r} on {engine.host}")
+        command = [sys.executable, "-u", "-m", script]
+    elif not os.path.exists(script):
         raise FileNotFoundError(f"no script at {script} on {engine.host}")
-    return children.run([sys.executable, "-u", script, *args], env={**os.environ, **env})
+    else:
+        command = [sys.executable, "-u", script]
+    return children.run([*command, *args], env={**os.environ, **env})

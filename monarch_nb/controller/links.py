@@ -85,6 +85,8 @@ class Router:
             if self.comms is not None:
                 self.comms.deliver(rank, ev)
             return
+        if ev["ev"] == "display" and self.comms is not None:
+            self.comms.displayed(ev)  # a rank's widget: its output gets a display id
         if ev["ev"] == "done" and self.comms is not None:
             self.comms.flush()  # the rank's widgets show their last state before its end
         with self._lock:

@@ -9,6 +9,12 @@ a front end without a widget manager (nbclient, nbviewer, GitHub, an untrusted n
 instead: one line saying what the figure is and why it is not drawn.
 
 A source with more points than a browser draws comfortably is decimated first, with a note.
+
+The size a figure is laid out at stays in the page (its plots are not ``syncable``): the page
+lays a figure out again whenever its notebook panel resizes or closes, and jupyter_bokeh sends
+each new size to the kernel, which throws "Cannot send" in the page once the kernel is shut
+down (closing a notebook does both). What the figure shows still follows the kernel, and a
+range the reader zooms is still sent back.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ def show(obj, *, max_points: int = MAX_POINTS) -> None:
 def widget(obj, *, max_points: int = MAX_POINTS):
     """The object ``show`` displays: a ``BokehModel`` with a text fallback, or, where
     jupyter_bokeh is not installed, the figure as standalone HTML with BokehJS inlined."""
-    from bokeh.models import LayoutDOM
+    from bokeh.models import LayoutDOM, Plot
 
     if not isinstance(obj, LayoutDOM):
         raise TypeError(
@@ -53,6 +59,8 @@ def widget(obj, *, max_points: int = MAX_POINTS):
         )
     for note in decimate(obj, max_points):
         print(note)
+    for plot in _plots_in_order(obj, Plot):
+        plot.syncable = False  # its inner_width and the like, laid out anew as the page closes
     try:
         widget_class = _figure_widget()
     except ImportError:

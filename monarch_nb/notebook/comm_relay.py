@@ -13,6 +13,13 @@ a thread that forwards them while the cell runs; elsewhere they reach the ranks 
 
 A twin whose rank dies or restarts is disconnected: it shows disabled (a progress bar turns
 red), answers the browser from the state it last had, and forwards nothing.
+
+When the cluster goes down, each output that showed a rank's widget (given a display id as
+it went by) is replaced in place by the widget's last state drawn as static HTML
+(widget_static.py): the page, and the notebook saved and reopened, keep the finished bars and
+the controls as they were, disabled. The twins stay open (a browser removes the view of a
+widget whose comm closes), disabled and answering from their last state: a page that loaded
+the notebook after the widget was shown knows no display ids, and keeps its views that way.
 """
 
 from __future__ import annotations
@@ -21,15 +28,17 @@ import logging
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
-from monarch_nb.notebook import widget_states
+from monarch_nb.notebook import widget_states, widget_static
 
 logger = logging.getLogger("monarch_nb")
 
 SUBSHELL_TIMEOUT = 5.0
 UPDATE_INTERVAL = 0.1  # seconds between two state updates of one widget sent to the browser
+VIEW = "application/vnd.jupyter.widget-view+json"
 
 
 def _kernel():
@@ -98,6 +107,20 @@ class CommRelay:
             else:
                 twin.send(data=data, metadata=ev["metadata"], buffers=ev["buffers"])
 
+    def displayed(self, ev: dict[str, Any]) -> None:
+        """A rank's display event (on the reader thread, before it is shown): one that shows a
+        rank's widget gets a display id, kept by the widget's twin, so that ``close`` can put
+        the widget's last picture in its place."""
+        view = (ev.get("data") or {}).get(VIEW)
+        model_id = view.get("model_id") if isinstance(view, dict) else None
+        with self._lock:
+            twin = self._twins.get(model_id)
+        if twin is None:
+            return
+        if not ev.get("display_id"):
+            ev["display_id"], ev["update"] = f"monarch-widget-{uuid.uuid4().hex}", False
+        twin.displays.add(ev["display_id"])
+
     # -- a rank that sets a widget's value in a tight loop ------------------------------------
     def _hold(self, twin, data: dict[str, Any]) -> bool:
         """Whether a plain state update waits, merged with the others that came meanwhile:
@@ -145,7 +168,7 @@ class CommRelay:
         content = msg.get("content", {})
         kind = msg.get("header", {}).get("msg_type", "comm_msg")
         buffers = [bytes(b) for b in msg.get("buffers") or ()]
-        if kind == "comm_msg":
+        if kind == "comm_msg" and not twin.dead:  # a dead twin answers with its last state
             twin.note(content.get("data"), buffers)  # a slider moved: the twin's state too
         if kind == "comm_close":
             with self._lock:
@@ -179,20 +202,44 @@ class CommRelay:
                 logger.exception("monarch_nb: cannot mark rank %d's widget disconnected", rank)
 
     def close(self) -> None:
-        """The cluster goes down: every twin closes in the browser."""
+        """The cluster goes down: every widget shown keeps its last state as a static picture
+        in its output, and every twin stays open, finished (disabled, answering from its last
+        state), for the pages that show it live."""
         with self._out:
             if self._timer is not None:
                 self._timer.cancel()
-            self._timer, self._held = None, set()
+        self.flush()  # the last state reaches the views that stay
         with self._lock:
             twins, self._twins = list(self._twins.values()), {}
+        self._freeze(twins)
         for twin in twins:
-            twin.dead = True
             try:
-                twin.close()
+                twin.finish()
             except Exception:
-                logger.exception("monarch_nb: cannot close a rank's widget")
+                logger.exception("monarch_nb: cannot mark a rank's widget finished")
+        widget_states.keep(twins)  # a page loaded later is told of them too
         self._delete_subshell()
+
+    @staticmethod
+    def _freeze(twins: list) -> None:
+        """Each output that shows a twin's widget replaced by its picture."""
+        from IPython.display import update_display
+
+        by_id = {twin.comm_id: twin for twin in twins}
+
+        def states(model_id: str) -> dict[str, Any] | None:
+            twin = by_id.get(model_id)
+            return twin.state if twin is not None else None
+
+        for twin in twins:
+            if not twin.displays:
+                continue
+            try:
+                picture = widget_static.bundle(twin.comm_id, states)
+                for display_id in sorted(twin.displays):
+                    update_display(picture, raw=True, display_id=display_id)
+            except Exception:
+                logger.exception("monarch_nb: cannot keep rank %d's widget", twin.rank)
 
     # -- the subshell that takes the twins' messages while a cell runs -----------------------
     @property
@@ -256,6 +303,7 @@ def _twin_class():
             self.marked = False  # shown as disconnected
             self.held: dict[str, Any] | None = None  # a state update waiting for its turn
             self.sent_at = 0.0  # when the last state update went to the browser
+            self.displays: set[str] = set()  # the display ids of the outputs showing it
             self.state: dict[str, Any] = {}  # the model's last state, buffers left out
             self.buffers: dict[tuple, bytes] = {}  # and those, by their path in the state
             self.note(data, buffers)
@@ -300,6 +348,14 @@ def _twin_class():
             if change:
                 self.state.update(change)
                 self.send({"method": "update", "state": change, "buffer_paths": []})
+
+        def finish(self) -> None:
+            """Its cluster went down: it stays as it was, disabled where it can be, and answers
+            the browser from this last state."""
+            self.dead = self.marked = True
+            if self.state.get("disabled") is False:
+                self.state["disabled"] = True
+                self.send({"method": "update", "state": {"disabled": True}, "buffer_paths": []})
 
         def answer_dead(self, data: dict[str, Any]) -> None:
             """The browser spoke to a disconnected widget: it gets the last state back (a

@@ -106,6 +106,12 @@ def line_parser() -> Parser:
         help="NAME=SIZE,... whose sizes multiply to the world size; off drops it",
     )
     p = sub.add_parser("run", help="run a torchrun-style script on every rank")
+    p.add_argument(
+        "-m",
+        dest="module",
+        action="store_true",
+        help="SCRIPT names a module the ranks can import, run as python -m SCRIPT",
+    )
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
     _targets(p)

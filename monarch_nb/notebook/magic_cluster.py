@@ -133,10 +133,12 @@ def connect(magics, args):
 
 def run(magics, args):
     ctl = controller()
-    if not os.path.exists(args.script) and not os.path.isabs(args.script):
+    missing = not args.module and not os.path.exists(args.script)
+    if missing and not os.path.isabs(args.script):
         raise UsageError(f"run: no script at {args.script!r} (relative to {os.getcwd()})")
-    codes = guard(lambda: run_script(ctl, args.script, args.args, args.targets))
-    print(f"monarch-nb: {args.script} exited with code 0 on {format_ranks(codes.ranks)}")
+    codes = guard(lambda: run_script(ctl, args.script, args.args, args.targets, args.module))
+    what = f"-m {args.script}" if args.module else args.script
+    print(f"monarch-nb: {what} exited with code 0 on {format_ranks(codes.ranks)}")
 
 
 def status(magics, args):

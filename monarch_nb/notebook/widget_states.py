@@ -22,6 +22,7 @@ CONTROL_TARGET = "jupyter.widget.control"
 WIDGET_TARGET = "jupyter.widget"
 
 _relays: weakref.WeakSet[CommRelay] = weakref.WeakSet()
+_kept: weakref.WeakSet = weakref.WeakSet()  # twins whose cluster went down, still open
 _serving = False
 
 
@@ -42,6 +43,12 @@ def serve(relay: CommRelay) -> None:
     get_comm_manager().register_target(CONTROL_TARGET, _opened)
 
 
+def keep(twins: list) -> None:
+    """Twins whose cluster went down and that stay open: a page that loads later is told of
+    them as of the rest (each is kept while its comm is)."""
+    _kept.update(twins)
+
+
 def _opened(comm, msg) -> None:
     from ipywidgets import Widget
 
@@ -60,19 +67,19 @@ def with_twins(data: dict[str, Any], buffers: list) -> tuple[dict[str, Any], lis
     """ipywidgets' ``update_states`` answer with every twin's model added to it."""
     states = dict(data.get("states") or {})
     paths, buffers = list(data.get("buffer_paths") or []), list(buffers)
-    for relay in list(_relays):
-        for twin in relay.twins():
-            if twin.target_name != WIDGET_TARGET:
-                continue
-            state, twin_paths, twin_buffers = twin.full_state()
-            if "_model_name" not in state:
-                continue
-            states[twin.comm_id] = {
-                "model_name": state["_model_name"],
-                "model_module": state.get("_model_module"),
-                "model_module_version": state.get("_model_module_version"),
-                "state": state,
-            }
-            paths += [[twin.comm_id, "state", *path] for path in twin_paths]
-            buffers += twin_buffers
+    twins = [twin for relay in list(_relays) for twin in relay.twins()] + list(_kept)
+    for twin in twins:
+        if twin.target_name != WIDGET_TARGET or twin._closed:
+            continue
+        state, twin_paths, twin_buffers = twin.full_state()
+        if "_model_name" not in state:
+            continue
+        states[twin.comm_id] = {
+            "model_name": state["_model_name"],
+            "model_module": state.get("_model_module"),
+            "model_module_version": state.get("_model_module_version"),
+            "state": state,
+        }
+        paths += [[twin.comm_id, "state", *path] for path in twin_paths]
+        buffers += twin_buffers
     return {**data, "states": states, "buffer_paths": paths}, buffers

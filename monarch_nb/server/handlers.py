@@ -1,6 +1,8 @@
 """Jupyter server extension: what the Monarch sidebar asks for, over authenticated REST.
 
-    GET    /monarch/api/clusters               the registered clusters (see registry.py)
+    GET    /monarch/api/clusters               the registered clusters whose dashboard answers
+                                               this server, and why not the others (see
+                                               registry.py, reachable.py)
     GET    /monarch/api/clusters/<id>/metrics  one cluster's ranks and losses, read from its
                                                scheduler's /monarch/metrics.json
     DELETE /monarch/api/clusters/<id>          shut that cluster's scheduler (and so its workers)
@@ -36,7 +38,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HT
 from tornado.simple_httpclient import HTTPStreamClosedError
 
 from monarch_nb import registry
-from monarch_nb.server import bokeh_static
+from monarch_nb.server import bokeh_static, reachable
 
 CONNECT_TIMEOUT = 2.0  # seconds; the schedulers are on this machine or this allocation
 REQUEST_TIMEOUT = 8.0
@@ -111,10 +113,15 @@ def forwarded_query(query: str) -> str:
 
 
 async def fetch_dashboard(
-    entry: dict[str, Any], path: str, query: str = "", headers: dict[str, str] | None = None
+    entry: dict[str, Any],
+    path: str,
+    query: str = "",
+    headers: dict[str, str] | None = None,
+    timeout: float | None = None,
 ) -> HTTPResponse:
-    """GET ``path`` below the entry's checked dashboard URL; raises Gone if nothing answers,
-    or a 502 for an answer over ``MAX_BODY``."""
+    """GET ``path`` below the entry's checked dashboard URL; raises Gone if nothing answers
+    within ``timeout`` seconds (REQUEST_TIMEOUT), or a 502 for an answer over ``MAX_BODY``."""
+    timeout = REQUEST_TIMEOUT if timeout is None else timeout
     base = entry["dashboard_url"]
     if not base:
         raise tornado.web.HTTPError(
@@ -136,8 +143,8 @@ async def fetch_dashboard(
         url,
         method="GET",
         headers=headers or {},
-        connect_timeout=CONNECT_TIMEOUT,
-        request_timeout=REQUEST_TIMEOUT,
+        connect_timeout=min(CONNECT_TIMEOUT, timeout),
+        request_timeout=timeout,
         follow_redirects=False,
         header_callback=header_line,
     )
@@ -201,8 +208,15 @@ class ClustersHandler(Api):
                 kernel = session.get("kernel") or {}
                 notebooks[kernel.get("id", "")] = session.get("path")
         entries = registry.list_entries(prune=True, logger=self.log)
-        rows = [_cluster_row(e, notebooks) for e in entries]
-        self.finish(json.dumps({"clusters": rows}))
+        listed, left_out = await reachable.split(entries, _probe)
+        rows = [_cluster_row(e, notebooks) for e in listed]
+        unreachable = [{**_cluster_row(e, notebooks), "why": why} for e, why in left_out]
+        self.finish(json.dumps({"clusters": rows, "unreachable": unreachable}))
+
+
+async def _probe(entry: dict[str, Any], timeout: float) -> None:
+    """Raises unless the entry's dashboard answers (any page will do) within ``timeout``."""
+    await fetch_dashboard(entry, "monarch/metrics.json", "points=1&samples=1", timeout=timeout)
 
 
 class MetricsHandler(Api):
@@ -211,12 +225,16 @@ class MetricsHandler(Api):
         from monarch_nb.telemetry.figures import rank_view
 
         entry = live_entry(cluster_id, self.log)
+        why = reachable.process_reason(entry["pid"])  # stopped: no need to wait to know
         try:
+            if why is not None:
+                raise Gone(why)
             response = await fetch_dashboard(entry, "monarch/metrics.json", "points=500&samples=1")
         except Gone as e:
             self.set_status(410)
             self.finish(json.dumps({"id": cluster_id, "state": "gone", "message": str(e)}))
             return
+        reachable.answered(cluster_id)
         if response.code == 404:
             raise tornado.web.HTTPError(
                 502,

@@ -4,11 +4,15 @@ kernel. Screenshots land in tests/artifacts/."""
 
 from __future__ import annotations
 
+import os
 import time
 import urllib.request
 
 import pytest
 from _lab import ARTIFACTS, Lab, chromium, requires_chromium
+from _server_helpers import closed_port, register
+
+from monarch_nb import registry
 
 pytestmark = requires_chromium
 
@@ -163,3 +167,34 @@ def test_the_sidebar_lists_the_cluster_with_a_bar_per_rank_and_a_loss_line(lab, 
         expect(item).to_have_count(0, timeout=30_000)
         expect(sidebar.locator(".monarch-ClusterList .monarch-empty")).to_be_visible()
     assert lab.api("monarch/api/clusters")["clusters"] == []
+
+
+def test_a_live_cluster_the_server_cannot_reach_is_named_with_why(lab, monkeypatch):
+    """A live controller whose dashboard never answered this server (here: this process, with a
+    port nothing listens on) is not listed to wait on; one line says whose it is and why."""
+    from playwright.sync_api import expect
+
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(lab.runtime))
+    port = closed_port()
+    cluster_id = register(f"http://127.0.0.1:{port}/status", f"tcp://127.0.0.1:{port}")
+    try:
+        with chromium() as browser:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            # a workspace of its own: the sidebar starts closed, whatever the test above left
+            page.goto(f"{lab.url}/lab/workspaces/unreachable?token={lab.token}")
+            tab = page.locator('.jp-SideBar [data-id="monarch-sidebar"]')
+            expect(tab).to_be_visible(timeout=60_000)
+            tab.click()
+            sidebar = page.locator("#monarch-sidebar")
+            line = sidebar.locator(".monarch-unreachable-item")
+            expect(line).to_be_visible(timeout=30_000)
+            expect(line).to_contain_text(
+                f"process {os.getpid()}: not shown: the scheduler's dashboard at "
+                f"http://127.0.0.1:{port}/ does not answer",
+                timeout=30_000,
+            )
+            expect(sidebar.locator(".monarch-cluster")).to_have_count(0)
+            expect(sidebar.locator(".monarch-ClusterList .monarch-empty")).to_be_hidden()
+            page.screenshot(path=str(ARTIFACTS / "sidebar-unreachable.png"))
+    finally:
+        registry.unregister(cluster_id)

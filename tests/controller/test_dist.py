@@ -102,6 +102,16 @@ def test_run_a_torchrun_style_script(cell, clean, tmp_path, monkeypatch):
     assert "FileNotFoundError" in "\n".join(cell.error._render_traceback_())
 
 
+def test_run_a_module_of_the_package_as_python_m_does(cell, clean, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # nothing here: notebook 03's script ships in the package
+    cell("%monarch run -m monarch_nb.examples.train_digits --model dense --steps 2 --warmup 1")
+    assert '[rank 0] {"model": "dense", "world": 2' in cell.out, cell.out
+    assert "-m monarch_nb.examples.train_digits exited with code 0 on ranks 0-1" in cell.out
+    cell("%monarch run -m monarch_nb.no_such_module", expect_error=True)
+    rendered = "\n".join(cell.error._render_traceback_())
+    assert "ModuleNotFoundError: no module named 'monarch_nb.no_such_module' on" in rendered
+
+
 def test_scripts_see_their_hosts_pinned_gpus_in_local_rank_order():
     a, b = "node-a", "node-b"
     pins = [{"CUDA_VISIBLE_DEVICES": "3"}, {"CUDA_VISIBLE_DEVICES": "1"}, {}, {}]

@@ -1,5 +1,6 @@
 """A real Slurm runs the ranks: munged, slurmctld and slurmd on this machine (tests/_slurm.py),
-dask-jobqueue's SLURMCluster through notebooks/slurm_site.py, one Slurm job per rank.
+dask-jobqueue's SLURMCluster through monarch_nb/examples/slurm_site.py (the factory notebook 05
+uses), one Slurm job per rank.
 
 Skipped, in one line, only where Slurm is not installed or the test is not root; where it is
 installed (``make test`` installs it) a Slurm that does not come up fails the test.
@@ -25,6 +26,7 @@ import monarch_nb
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
 NOTEBOOKS = Path(__file__).parent.parent.parent / "notebooks"
+SITE = "monarch_nb.examples.slurm_site:make_cluster"
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,6 @@ def slurm():
     s = Slurm()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SLURM_CONF", str(s.conf))  # for sbatch, squeue and scancel
-        mp.syspath_prepend(str(NOTEBOOKS))  # slurm_site, the factory notebook 05 uses
         try:
             s.start()
         except RuntimeError as e:
@@ -46,7 +47,6 @@ def slurm():
             yield s
         finally:
             left = s.stop()
-            sys.modules.pop("slurm_site", None)
             sys.modules.pop("stuck_site", None)
     assert left == [], f"processes of the test Slurm left running: {left}"
 
@@ -58,7 +58,7 @@ def jp_server_config():
 
 def test_ranks_are_slurm_jobs(slurm, no_current, cell, jp_fetch, jp_asyncio_loop):
     start = time.monotonic()
-    cell("%monarch connect --cluster slurm_site:make_cluster --workers 2 --wait 60")
+    cell(f"%monarch connect --cluster {SITE} --workers 2 --wait 60")
     assert "connected to 2 ranks" in cell.out, cell.out
     ctl = monarch_nb.current()
     jobs = {name: job.job_id for name, job in ctl.cluster.workers.items()}
@@ -126,7 +126,7 @@ def test_a_slurm_cluster_scales_down_and_up(slurm, no_current, cell):
     """``%monarch scale`` on SLURMCluster: the job of the rank that leaves ends, a new job
     brings the rank back with an empty namespace, the group forms at each size."""
     start = time.monotonic()
-    cell("%monarch connect --cluster slurm_site:make_cluster --workers 2 --wait 60")
+    cell(f"%monarch connect --cluster {SITE} --workers 2 --wait 60")
     ctl = monarch_nb.current()
     jobs = {name: job.job_id for name, job in ctl.cluster.workers.items()}
     cell("%%monarch\nkept = rank")
@@ -190,7 +190,7 @@ SLURM_ALL_REDUCE = (
 
 
 STUCK = f"""
-from slurm_site import make_cluster
+from monarch_nb.examples.slurm_site import make_cluster
 
 
 def make():
@@ -220,23 +220,24 @@ def test_a_job_that_never_starts_is_named_with_its_slurm_state(
     assert wait_until_empty(slurm, timeout=15), slurm.squeue()
 
 
-def test_notebook_05_runs_its_slurm_part_on_slurm(slurm):
+def test_notebook_05_runs_its_slurm_part_on_slurm(slurm, tmp_path):
     """tests/browser/test_notebooks_browser.py runs all of notebook 05 where no Slurm answers
     (its Slurm part on a local cluster); here its Slurm part, the ``%monarch scale`` cells
     included, runs on Slurm, up to the ``%monarch down`` that ends it (the rest, a scheduler
-    and workers as processes, is the same either way)."""
+    and workers as processes, is the same either way). From a directory with nothing beside
+    it, as a notebook handed out runs."""
     nb = nbformat.read(NOTEBOOKS / "05-scaling-out.ipynb", as_version=4)
     end = next(i for i, c in enumerate(nb.cells) if c.source.strip() == "%monarch down")
     nb.cells = nb.cells[: end + 1]
     NotebookClient(
-        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     ).execute()
     code = [c for c in nb.cells if c.cell_type == "code"]
 
     def shown(snippet: str) -> str:
         return next(_text(c) for c in code if snippet in c.source)
 
-    connect = shown("slurm_site:make_cluster")
+    connect = shown(SITE)
     assert "connected to 2 ranks" in connect and "local cluster" not in connect, connect
     ranks = shown("SLURM_JOB_ID")
     assert "None" not in ranks and ranks.count(", 3.0)") == 2, ranks

@@ -46,6 +46,15 @@ def test_a_layout_is_described_by_its_figures_in_reading_order():
     )
 
 
+def test_the_size_a_figure_is_laid_out_at_stays_in_the_page_and_its_ranges_come_back():
+    """A page lays a figure out again as its notebook closes, after the kernel has gone, and
+    jupyter_bokeh would send the new size to that kernel ("Cannot send" in the page)."""
+    figs = [figure(title=t) for t in ("a", "b")]
+    bokeh_display.widget(column(*figs))
+    assert [f.syncable for f in figs] == [False, False]
+    assert all(f.x_range.syncable and f.y_range.syncable for f in figs)
+
+
 def test_show_refuses_what_is_not_a_bokeh_figure_in_one_line():
     with pytest.raises(TypeError, match=r"^monarch_nb.show draws a bokeh figure .* got ndarray$"):
         monarch_nb.show(np.zeros(3))

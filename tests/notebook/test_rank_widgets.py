@@ -1,13 +1,15 @@
 """Widgets and progress from ranks, in a real ipykernel driven through jupyter_client as a
 browser drives it, with a real local cluster: a rank's widget opens its twin comm in the
 kernel, the browser's messages reach the rank while a cell runs, the rank's changes reach the
-browser, tqdm.notebook gives a bar per rank, carriage-return progress updates live, and a dead
-rank's widgets say so without hanging anything."""
+browser, tqdm.notebook gives a bar per rank, carriage-return progress updates live, a dead
+rank's widgets say so without hanging anything, and at down every rank's widget stays on the
+page as a picture of its last state."""
 
 from __future__ import annotations
 
 import os
 import signal
+import uuid
 
 import pytest
 from _kernel import CellKernel, summary
@@ -216,6 +218,25 @@ def test_a_flood_of_carriage_returns_is_throttled_and_nothing_else_is_lost(kerne
     assert len(msgs) < 200, len(msgs)
 
 
+def states_told(kernel: Kernel) -> dict:
+    """What a page that loads the notebook is told of every widget: the answer to
+    ``request_states`` on ipywidgets' control comm, as a browser opens it."""
+    control = f"control-{uuid.uuid4().hex}"
+    kernel.kc.shell_channel.send(
+        kernel.kc.session.msg(
+            "comm_open",
+            {"comm_id": control, "target_name": "jupyter.widget.control", "data": {}},
+            metadata={"version": "1.0.0"},
+        )
+    )
+    kernel.comm_msg(control, {"method": "request_states"})
+    answers = kernel.messages(
+        "", timeout=30, until=lambda m: m["content"].get("comm_id") == control
+    )
+    assert answers[-1]["content"]["data"]["method"] == "update_states", summary(answers)
+    return answers[-1]
+
+
 def test_a_reloaded_page_is_told_of_the_ranks_widgets_as_they_are_now(kernel):
     """A page that loads (or reloads) the notebook asks for every widget's state at once on
     ipywidgets' control comm, and builds only the models it is told of: the answer has the
@@ -229,21 +250,8 @@ def test_a_reloaded_page_is_told_of_the_ranks_widgets_as_they_are_now(kernel):
     image = opened(msgs, "ImageModel")[0]["comm_id"]
     own = text(kernel.run("import ipywidgets\nown = ipywidgets.IntText(5)\nprint(own.model_id)"))
     own = own.split()[-1]
-    control = "control-of-a-reloaded-page"
-    kernel.kc.shell_channel.send(
-        kernel.kc.session.msg(
-            "comm_open",
-            {"comm_id": control, "target_name": "jupyter.widget.control", "data": {}},
-            metadata={"version": "1.0.0"},
-        )
-    )
-    kernel.comm_msg(control, {"method": "request_states"})
-    answers = kernel.messages(
-        "", timeout=30, until=lambda m: m["content"].get("comm_id") == control
-    )
-    answer = answers[-1]
+    answer = states_told(kernel)
     data = answer["content"]["data"]
-    assert data["method"] == "update_states", summary(answers)
     states = data["states"]
     assert states[comm_id]["model_name"] == "IntSliderModel"
     assert states[comm_id]["state"]["value"] == 2  # moved in the browser
@@ -272,7 +280,49 @@ def test_a_dead_ranks_widget_says_it_is_disconnected_and_answers(kernel):
     kernel.messages("", timeout=10, until=disabled)  # answered, from the last state
     kernel.comm_msg(comm_id, {"method": "request_state"})
     kernel.messages("", timeout=10, until=disabled)
-    live = slider(kernel, 0, "e")
+
+
+VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def test_at_down_each_ranks_widget_stays_as_a_picture_of_its_last_state(kernel):
+    """A browser removes the view of a widget whose comm closes, and a notebook reopened has
+    no model to draw: at down each output that showed a rank's widget is replaced in place by
+    its last state as HTML and text (what the page, and the saved notebook, keep), and the
+    twins stay open, disabled, for a page loaded since, whose outputs have no display ids.
+    (Last in the module: it takes the cluster down.)"""
+    msgs = kernel.run(
+        "%%monarch --targets 0\nimport time\nfrom tqdm.notebook import tqdm\n"
+        "for _ in tqdm(range(12), desc='kept'):\n    time.sleep(0.01)\n"
+        "from ipywidgets import IntSlider\nlr = IntSlider(value=4, description='lr')\n"
+        "display(lr)\nlr.value = 6"
+    )
+    shown = {
+        m["content"]["transient"]["display_id"]: m["content"]["data"][VIEW]["model_id"]
+        for m in of_type(msgs, "display_data")
+        if VIEW in m["content"]["data"]
+    }
+    assert len(shown) == 2, summary(msgs)
+    lr = opened(msgs, "IntSliderModel")[0]["comm_id"]
     msgs = kernel.run("%monarch down")
-    closed = {m["content"]["comm_id"] for m in of_type(msgs, "comm_close")}
-    assert {comm_id, live} <= closed, summary(msgs)
+    frozen = {
+        m["content"]["transient"]["display_id"]: m["content"]["data"]
+        for m in of_type(msgs, "update_display_data")
+    }
+    assert set(shown) <= set(frozen), summary(msgs)
+    texts = sorted(frozen[display_id]["text/plain"] for display_id in shown)
+    assert texts[0].startswith("kept: 100%|██████████| 12/12 ["), texts
+    assert texts[1] == "lr 6", texts
+    for display_id in shown:
+        assert VIEW not in frozen[display_id] and "<div" in frozen[display_id]["text/html"]
+    assert {"disabled": True} in updates(msgs, lr), summary(msgs)
+    assert not of_type(msgs, "comm_close"), summary(msgs)
+
+    # a page loaded since builds them as they ended, and moving the slider moves nothing
+    told = states_told(kernel)["content"]["data"]["states"]
+    assert told[lr]["state"]["value"] == 6 and told[lr]["state"]["disabled"] is True
+    assert set(shown.values()) <= set(told)
+    kernel.comm_msg(lr, {"method": "update", "state": {"value": 9}, "buffer_paths": []})
+    answered = kernel.messages("", timeout=10, until=lambda m: m["content"].get("comm_id") == lr)
+    back = answered[-1]["content"]["data"]["state"]
+    assert (back["value"], back["description"]) == (6, "lr"), summary(answered)

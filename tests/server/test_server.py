@@ -169,10 +169,11 @@ async def test_proxy_without_a_token_is_403(jp_fetch, runtime, page_server):
 
 
 # -- listing ----------------------------------------------------------------------------------
-async def test_list_shows_live_entries_and_drops_stale_ones(jp_fetch, runtime):
+async def test_list_shows_live_entries_and_drops_stale_ones(jp_fetch, runtime, page_server):
     code, body = await status_of(jp_fetch, "monarch", "api", "clusters")
-    assert (code, body) == (200, {"clusters": []})
-    live = register("http://127.0.0.1:8787/status", "tcp://127.0.0.1:8786")
+    assert (code, body) == (200, {"clusters": [], "unreachable": []})
+    url, _ = page_server
+    live = register(url + "status", f"tcp://127.0.0.1:{url.rsplit(':', 1)[1].strip('/')}")
     stale = register()
     path = runtime / "monarch-clusters" / f"{stale}.json"
     entry = json.loads(path.read_text())
@@ -182,8 +183,7 @@ async def test_list_shows_live_entries_and_drops_stale_ones(jp_fetch, runtime):
     assert code == 200
     (row,) = body["clusters"]
     assert row["id"] == live
-    assert row["scheduler_address"] == "tcp://127.0.0.1:8786"
-    assert row["dashboard_url"] == "http://127.0.0.1:8787/"
+    assert row["dashboard_url"] == url
     assert row["ranks"] == 2 and row["notebook"] is None
     assert not path.exists()
     # a stale id is then unknown everywhere
@@ -399,7 +399,7 @@ async def test_delete_closes_the_scheduler_and_forgets_it(jp_fetch, runtime, sch
     assert scheduler.status.name in ("closing", "closed")
     assert registry.get_entry(cluster_id) is None
     code, body = await status_of(jp_fetch, "monarch", "api", "clusters")
-    assert body == {"clusters": []}
+    assert body == {"clusters": [], "unreachable": []}
 
 
 async def test_delete_leaves_a_joined_cluster_running(jp_fetch, runtime, scheduler):

@@ -1,14 +1,18 @@
-"""A Slurm site's cluster factory: ``%monarch connect --cluster slurm_site:make_cluster``.
+"""A Slurm site's cluster factory:
+``%monarch connect --cluster monarch_nb.examples.slurm_site:make_cluster``.
 
 One Slurm job per worker, one worker (one rank) per job, each a single-threaded worker under a
 nanny. This one is written for a Slurm whose node is this machine (the test suite starts one):
 the scheduler runs in the notebook's process and everything listens on the loopback interface.
+dask-jobqueue is imported only when a cluster is made, so ``here()`` can say where it is missing.
 On a real site, copy it and set ``queue``, ``account``, the job's resources
 (``--gres=gpu:1``), and ``interface`` to the network the nodes share (``ib0``).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import shutil
 import socket
 import subprocess
@@ -16,24 +20,27 @@ import sys
 import tempfile
 import weakref
 
-from dask_jobqueue import SLURMCluster
-
 INTERFACE = "lo"
 
 
-class RankedSLURMCluster(SLURMCluster):
-    """Names its workers 0, 1, 2... (``dask worker --name 0``), the names the controller takes
-    as ranks; SLURMCluster's own names (``SLURMCluster-0``) would be ranked by host and
-    address, an order that changes from one connect to the next."""
+@functools.cache
+def ranked_cluster_class():
+    """SLURMCluster, naming its workers 0, 1, 2... (``dask worker --name 0``), the names the
+    controller takes as ranks; SLURMCluster's own names (``SLURMCluster-0``) would be ranked by
+    host and address, an order that changes from one connect to the next."""
+    from dask_jobqueue import SLURMCluster
 
-    def _new_worker_name(self, worker_number):
-        return worker_number
+    class RankedSLURMCluster(SLURMCluster):
+        def _new_worker_name(self, worker_number):
+            return worker_number
+
+    return RankedSLURMCluster
 
 
-def make_cluster(jobs: int = 2, queue: str | None = None) -> RankedSLURMCluster:
+def make_cluster(jobs: int = 2, queue: str | None = None):
     """``jobs`` Slurm jobs (one rank each) in partition ``queue`` (the default one if None)."""
     scratch = tempfile.mkdtemp(prefix="monarch-slurm-")
-    cluster = RankedSLURMCluster(
+    cluster = ranked_cluster_class()(
         queue=queue,
         cores=1,
         processes=1,
@@ -61,6 +68,8 @@ def make_cluster(jobs: int = 2, queue: str | None = None) -> RankedSLURMCluster:
 
 def here() -> str | None:
     """None when a Slurm controller answers and runs jobs on this machine, else why not."""
+    if importlib.util.find_spec("dask_jobqueue") is None:
+        return "dask-jobqueue is not installed (pip install dask-jobqueue)"
     if shutil.which("sinfo") is None:
         return "no Slurm here (sinfo is not installed)"
     try:
