@@ -27,8 +27,9 @@ from _netns import Network
 from _slurm import PARTITION, Slurm
 
 NODES = {"n0": 11, "n1": 12, "n2": 13}  # host role -> the last octet of its address
-# Seconds slurmctld waits for a node's slurmd before it sets the node DOWN (300 by default): a
-# node that died is out of the scheduler's choice this soon after.
+# Seconds slurmctld waits for a node's slurmd before it sets the node DOWN (300 by default). It
+# pings every third of that: a node that died is out of the scheduler's choice (``*`` in sinfo)
+# once a ping has failed, within seconds.
 SLURMD_TIMEOUT = 8
 
 scheduler_host: str | None = None  # the notebook's address on the nodes' network; see the fixture
