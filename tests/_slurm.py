@@ -5,7 +5,9 @@
 ``sinfo`` shows the node idle; ``stop()`` cancels every job, stops the daemons and kills whatever
 still carries this instance's ``SLURM_CONF`` in its environment (job steps, workers), so that no
 process is left. The Slurm commands (sbatch, squeue, scancel) find this instance through
-``SLURM_CONF``, which the caller puts in the environment.
+``SLURM_CONF``, which the caller puts in the environment. tests/_slurm_nodes.py makes a Slurm
+of several nodes from this one: its own node lines (``_nodes``) and slurmds (``_start_nodes``);
+each slurmd's spool directory, pid and log file are named after its node (``%n``).
 
 Debian's slurm-wlm 22.05 in a container without systemd: no cgroup plugin is configured
 (proctrack/linuxproc tracks a job's processes by parentage, task/none binds nothing), and
@@ -62,6 +64,7 @@ class Slurm:
         # short: the munge socket's path must fit a sockaddr_un (108 bytes)
         self.root = Path(tempfile.mkdtemp(prefix="mnb-slurm-"))
         self.node = socket.gethostname()
+        self.controller_address = "127.0.0.1"  # where slurmctld listens for the nodes
         self.conf = self.root / "slurm.conf"
         self.munge_socket = self.root / "munge" / "munge.sock"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
@@ -79,25 +82,26 @@ class Slurm:
         return out.stdout.split("\n")[:-1]
 
     def log(self) -> str:
+        """The end of each daemon's log."""
         parts = []
-        for name in ("munged.out", "slurmctld.log", "slurmd.log"):
-            path = self.root / "log" / name
-            if path.exists():
-                parts.append(f"--- {name}\n" + path.read_text(errors="replace")[-2000:])
+        for path in sorted((self.root / "log").glob("*")):
+            if path.suffix in (".log", ".out"):
+                parts.append(f"--- {path.name}\n" + path.read_text(errors="replace")[-2000:])
         return "\n".join(parts)
 
     def _write_config(self) -> None:
         for sub in ("munge", "key", "state", "spool", "log", "run"):
             (self.root / sub).mkdir()
+        for node in self.nodes():
+            (self.root / "spool" / node).mkdir()
         (self.root / "key").chmod(0o700)  # munged refuses a key others can read
         key = self.root / "key" / "munge.key"
         key.write_bytes(secrets.token_bytes(1024))
         key.chmod(0o400)
-        cpus = max(2, os.cpu_count() or 1)
         r = self.root
         self.conf.write_text(
             f"""ClusterName=monarchtest
-SlurmctldHost={self.node}(127.0.0.1)
+SlurmctldHost={socket.gethostname()}({self.controller_address})
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -106,11 +110,11 @@ CredType=cred/munge
 SlurmctldPort={_free_port()}
 SlurmdPort={_free_port()}
 StateSaveLocation={r}/state
-SlurmdSpoolDir={r}/spool
+SlurmdSpoolDir={r}/spool/%n
 SlurmctldPidFile={r}/run/slurmctld.pid
-SlurmdPidFile={r}/run/slurmd.pid
+SlurmdPidFile={r}/run/slurmd-%n.pid
 SlurmctldLogFile={r}/log/slurmctld.log
-SlurmdLogFile={r}/log/slurmd.log
+SlurmdLogFile={r}/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -124,11 +128,19 @@ SelectTypeParameters=CR_CPU
 SlurmdParameters=config_overrides
 ReturnToService=2
 KillWait=5
-NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={_total_memory_mb()} State=UNKNOWN
+{self._nodes()}"""
+        )
+
+    def nodes(self) -> list[str]:
+        return [self.node]
+
+    def _nodes(self) -> str:
+        """slurm.conf's lines for the nodes and partitions (and what differs with them)."""
+        cpus, memory = max(2, os.cpu_count() or 1), _total_memory_mb()
+        return f"""NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory}
 PartitionName={PARTITION} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
 PartitionName={DOWN_PARTITION} Nodes={self.node} MaxTime=INFINITE State=DOWN
 """
-        )
 
     def _spawn(self, name: str, *argv: str) -> None:
         log = open(self.root / "log" / f"{name}.out", "wb")  # noqa: SIM115 (closed below)
@@ -161,14 +173,26 @@ PartitionName={DOWN_PARTITION} Nodes={self.node} MaxTime=INFINITE State=DOWN
         if not wait_for(self.munge_socket.exists, timeout=20, interval=0.1):
             raise RuntimeError(f"munged did not start\n{self.log()}")
         self._spawn("slurmctld", "/usr/sbin/slurmctld", "-D", "-i")
-        self._spawn("slurmd", "/usr/sbin/slurmd", "-D", "-N", self.node)
+        self._start_nodes()
 
         def idle() -> bool:
-            out = self.command("sinfo", "-h", "-N", "-p", PARTITION, "-o", "%T", timeout=10)
-            return out.returncode == 0 and out.stdout.strip() == "idle"
+            return set(self.states().values()) == {"idle"}
 
         if not wait_for(idle, timeout=timeout, interval=0.5):
-            raise RuntimeError(f"the Slurm node did not become idle in {timeout:g} s\n{self.log()}")
+            raise RuntimeError(
+                f"the Slurm nodes did not become idle in {timeout:g} s: {self.states()}\n"
+                f"{self.log()}"
+            )
+
+    def _start_nodes(self) -> None:
+        self._spawn("slurmd", "/usr/sbin/slurmd", "-D", "-N", self.node)
+
+    def states(self) -> dict[str, str]:
+        """Each node's state as ``sinfo`` gives it (``idle``, ``mixed``, ``down*``...)."""
+        out = self.command("sinfo", "-h", "-N", "-p", PARTITION, "-o", "%N %T", timeout=10)
+        if out.returncode != 0:
+            return {}
+        return dict(line.split() for line in out.stdout.splitlines())
 
     def _ours(self) -> list[int]:
         """Processes (other than this one) whose environment names this instance's config."""
@@ -182,12 +206,14 @@ PartitionName={DOWN_PARTITION} Nodes={self.node} MaxTime=INFINITE State=DOWN
                     found.append(int(entry.name))
         return found
 
-    def stop(self) -> list[int]:
-        """Cancel the jobs, stop the daemons, kill what is left; the pids that outlived
-        the SIGKILL (an empty list: no process is left)."""
+    def stop(self, cancel: bool = True) -> list[int]:
+        """Cancel the jobs (unless ``cancel`` is false: their nodes are gone), stop the
+        daemons, kill what is left; the pids that outlived the SIGKILL (an empty list: no
+        process is left)."""
         with contextlib.suppress(Exception):
-            self.command("scancel", "--full", "--user", "root", timeout=10)
-            wait_for(lambda: not self.squeue(), timeout=15, interval=0.3)
+            if cancel:
+                self.command("scancel", "--full", "--user", "root", timeout=10)
+                wait_for(lambda: not self.squeue(), timeout=15, interval=0.3)
         for proc in reversed(self.procs):  # slurmd, slurmctld, then munged
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)

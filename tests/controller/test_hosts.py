@@ -1,6 +1,7 @@
 """Several hosts on one machine: a scheduler and two workers, each in its own network namespace.
 
-The test builds the network itself and removes it afterwards, whatever happens::
+The test builds the network itself (tests/_netns.py) and removes it afterwards, whatever
+happens::
 
     root namespace (this test: the controller)  10.77.N.1 ─┐
     mnb-T-sched  (dask scheduler)               10.77.N.10 ─┤ bridge br0 in mnb-T-hub
@@ -18,10 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
-import secrets
-import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -29,6 +26,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _netns import Network, why_not
 from _wait import RANK_1_BUSY
 
 import monarch_nb
@@ -39,128 +37,19 @@ WORKER_TTL = 5  # s: distributed.scheduler.worker-ttl
 SCHEDULER_PORT = 8786  # free by construction: the scheduler's namespace is new
 
 
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=20)
-
-
-def _free_subnet() -> int:
-    """A third octet N such that no route of this machine touches 10.77.N.0/24."""
-    routes = _ip("-4", "route", "show", "table", "all", check=False).stdout
-    taken = {int(p.split(".")[2]) for p in routes.split() if p.startswith("10.77.")}
-    free = [n for n in range(1, 255) if n not in taken]
-    if not free:
-        pytest.skip("no free 10.77.N.0/24 subnet on this machine")
-    return random.choice(free)
-
-
-class Hosts:
-    """The namespaces, links and processes of one test; ``close()`` removes all of them."""
+class Hosts(Network):
+    """A scheduler and two workers; ``hidden``: see the hosts fixture."""
 
     def __init__(self, logs: Path):
-        self.tag = secrets.token_hex(2)
-        self.net = f"10.77.{_free_subnet()}"
-        self.logs = logs
-        self.namespaces: list[str] = []
-        self.root_link = f"mnb{self.tag}r"
-        self.procs: list[subprocess.Popen] = []
-        self.hidden: Path | None = None  # see the hosts fixture
-
-    def ns(self, role: str) -> str:
-        return f"mnb-{self.tag}-{role}"
-
-    def build(self) -> None:
-        hub = self.ns("hub")
-        self._add_ns(hub)
-        _ip("-n", hub, "link", "add", "br0", "type", "bridge")
-        _ip("-n", hub, "link", "set", "br0", "up")
-        _ip("link", "add", self.root_link, "type", "veth", "peer", "name", "p-root", "netns", hub)
-        _ip("addr", "add", f"{self.net}.1/24", "dev", self.root_link)
-        _ip("link", "set", self.root_link, "up")
-        self._plug(hub, "p-root")
-        for role, last in (("sched", 10), ("w0", 11), ("w1", 12)):
-            ns = self.ns(role)
-            self._add_ns(ns)
-            _ip("-n", hub, "link", "add", f"p-{role}", "type", "veth", "peer", "name", "eth0")
-            _ip("-n", hub, "link", "set", "eth0", "netns", ns)
-            self._plug(hub, f"p-{role}")
-            _ip("-n", ns, "addr", "add", f"{self.net}.{last}/24", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-
-    def _add_ns(self, name: str) -> None:
-        _ip("netns", "add", name)
-        self.namespaces.append(name)
-
-    @staticmethod
-    def _plug(hub: str, port: str) -> None:
-        _ip("-n", hub, "link", "set", port, "master", "br0")
-        _ip("-n", hub, "link", "set", port, "up")
-
-    def address(self, role: str) -> str:
-        return f"{self.net}.{ {'sched': 10, 'w0': 11, 'w1': 12}[role] }"
-
-    def start(self, role: str, *argv: str, env: dict[str, str]) -> subprocess.Popen:
-        """``argv`` in ``role``'s namespace with host name ``mnb-ROLE``, in its own session."""
-        log = open(self.logs / f"{role}.log", "wb")  # noqa: SIM115 (closed with the process)
-        own_name = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', f"mnb-{role}"]
-        proc = subprocess.Popen(
-            ["ip", "netns", "exec", self.ns(role), *own_name, *argv],
-            env={**os.environ, **env},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        log.close()
-        self.procs.append(proc)
-        return proc
-
-    def link(self, role: str, state: str) -> None:
-        _ip("-n", self.ns(role), "link", "set", "eth0", state)
-
-    def log(self, role: str) -> str:
-        path = self.logs / f"{role}.log"
-        return path.read_text(errors="replace")[-3000:] if path.exists() else ""
-
-    def close(self) -> None:
-        for proc in self.procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        for proc in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=10)
-        for ns in self.namespaces:
-            # Whatever a process of ours left running in the namespace (a nanny's child).
-            pids = _ip("netns", "pids", ns, check=False).stdout.split()
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid), signal.SIGKILL)
-        for ns in reversed(self.namespaces):
-            _ip("netns", "delete", ns, check=False)
-        _ip("link", "delete", self.root_link, check=False)
-
-
-def _why_not() -> str | None:
-    """Why this machine cannot build namespaces, or None."""
-    if sys.platform != "linux":
-        return "network namespaces are Linux only"
-    if shutil.which("ip") is None:
-        return "iproute2's ip is not installed"
-    if shutil.which("unshare") is None:
-        return "util-linux's unshare is not installed (each host gets its own host name)"
-    probe = f"mnb-probe-{secrets.token_hex(2)}"
-    made = _ip("netns", "add", probe, check=False)
-    if made.returncode != 0:
-        return f"cannot create a network namespace (needs CAP_NET_ADMIN): {made.stderr.strip()}"
-    _ip("netns", "delete", probe, check=False)
-    return None
+        super().__init__({"sched": 10, "w0": 11, "w1": 12}, logs)
+        self.hidden: Path | None = None
 
 
 @pytest.fixture
 def hosts(tmp_path, request):
     """``indirect`` parameter ``{"hidden": True}``: ``hosts.hidden``, a folder of the controller's
     that the worker hosts see as an empty tmpfs of their own (no shared file system)."""
-    reason = _why_not()
+    reason = why_not()
     if reason:
         pytest.skip(reason)
     import dask
