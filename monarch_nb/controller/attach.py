@@ -161,13 +161,26 @@ def lost(ctl: Controller, rank: int, why: str) -> None:
 
 def _replace(ctl: Controller, rank: int) -> None:
     old = ctl.ranks[rank]
-    deadline = time.monotonic() + REPLACE_TIMEOUT
+    if not replace(ctl, rank, old, time.monotonic() + REPLACE_TIMEOUT) and _still_lost(
+        ctl, rank, old
+    ):
+        ctl._notice(
+            f"rank {rank}: no replacement worker joined within {REPLACE_TIMEOUT:.0f} s; "
+            f"%monarch scale {len(ctl.ranks)} starts one (or %monarch restart: fresh workers "
+            "for every rank)"
+        )
+
+
+def replace(ctl: Controller, rank: int, old: RankInfo, deadline: float) -> bool:
+    """Attach the worker that takes ``rank``'s place (the same name, another address or
+    incarnation: a nanny's restart, a job ``%monarch scale`` submitted again) once it joins,
+    before ``deadline``; whether it did. Either of two waiters for one rank attaches it."""
     while time.monotonic() < deadline and _still_lost(ctl, rank, old):
         try:
             workers = ctl.client.scheduler_info(n_workers=-1)["workers"]
         except Exception:
             ctl._notice_once(ctl._scheduler_gone())
-            return
+            return False
         for addr, w in workers.items():
             incarnation = w.get("local_directory", "")
             if w.get("name", addr) == old.name and (addr, incarnation) != (
@@ -176,14 +189,15 @@ def _replace(ctl: Controller, rank: int) -> None:
             ):
                 host = w.get("host", old.host)
                 info = RankInfo(rank, old.name, addr, host, old.local_rank, incarnation=incarnation)
-                if not _still_lost(ctl, rank, old):
-                    return
-                ctl.ranks[rank] = info
+                with ctl._replacing:
+                    if not _still_lost(ctl, rank, old):
+                        return ctl.ranks[rank].alive
+                    ctl.ranks[rank] = info
                 try:
                     open_links(ctl, [info])
                 except Exception as e:
                     ctl._notice(f"rank {rank}: its replacement could not attach: {e}")
-                    return
+                    return False
                 ctl._notice(
                     f"rank {rank}: a replacement worker took its place with an "
                     "empty namespace (what the old one held is lost)"
@@ -192,13 +206,9 @@ def _replace(ctl: Controller, rank: int) -> None:
                 if ctl.dist_backend:
                     ctl._notice(f"the {ctl.dist_backend} process group was formed again")
                 code_sync.resend(ctl, [rank])
-                return
+                return True
         time.sleep(0.25)
-    if _still_lost(ctl, rank, old):
-        ctl._notice(
-            f"rank {rank}: no replacement worker joined within "
-            f"{REPLACE_TIMEOUT:.0f} s; use %monarch restart"
-        )
+    return False
 
 
 def _still_lost(ctl: Controller, rank: int, old: RankInfo) -> bool:

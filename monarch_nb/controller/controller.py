@@ -110,6 +110,7 @@ class Controller:
         self.mesh_shape = mesh  # the device mesh every rank builds over the group (mesh.py)
         self.mesh_error: str | None = None
         self._group_lock = threading.Lock()
+        self._replacing = threading.Lock()  # two waiters for one lost rank's replacement
         self.client.register_plugin(EnginePlugin(_process_group()), name=PLUGIN_NAME)
         self.metrics = metrics.install(self.client)
         attach.attach_all(self, attach.wait_for_workers(self, expected or 1, timeout=60))

@@ -183,7 +183,10 @@ def why(ev: dict[str, Any]) -> str:
         why = ev.get("why", "connection lost")
         if ev.get("ended_here"):  # the notebook ended it: down or restart, no advice needed
             return why
-        return f"the worker is gone: {why} (if no replacement joins, %monarch restart)"
+        return (
+            f"the worker is gone: {why} (if no replacement joins, %monarch scale with the same "
+            "number of ranks starts one)"
+        )
     if ev["status"] == "cancelled":
         return ev.get("why", "cancelled before it started")
     if ev["status"] == "unanswered":

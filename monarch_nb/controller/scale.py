@@ -50,13 +50,21 @@ class Scaled:
     backend: str | None = None  # the process group formed again over the new world
     dist_error: str | None = None  # why it did not
     mesh: str | None = None  # the device mesh built again over it ("dp=4,tp=2")
+    replaced: tuple[int, ...] = ()  # lost ranks whose workers were started again
 
     def __str__(self) -> str:
         n = self.world_size
         ranks = "1 rank" if n == 1 else f"{n} ranks"
-        if not self.joined and not self.left:
+        if not self.joined and not self.left and not self.replaced:
             return f"already {ranks}; nothing changed"
-        parts = [f"scaled to {ranks}"]
+        parts = [f"scaled to {ranks}" if self.joined or self.left else f"still {ranks}"]
+        if self.replaced:
+            one = len(self.replaced) == 1
+            parts.append(
+                f"{format_ranks(self.replaced)} lost {'its worker' if one else 'their workers'}"
+                f" and got {'a new one' if one else 'new ones'} with "
+                + ("an empty namespace" if one else "empty namespaces")
+            )
         if self.joined:
             where = f"{self.joined[0]}:{self.joined[-1] + 1}"
             one = len(self.joined) == 1
@@ -83,10 +91,12 @@ def scale(ctl: Controller, n: int, wait: float | None = None) -> Scaled:
     _check(ctl, n)
     shape = device_mesh.rescaled(ctl.mesh_shape, n) if ctl.mesh_shape else None
     before = ctl.world_size
-    if n == before:
+    lost = [info.rank for info in ctl.ranks[:n] if not info.alive]
+    if n == before and not lost:
         return Scaled(n, backend=ctl.dist_backend)
     joined: list[int] = []
     left: list[int] = []
+    replaced = _start_again(ctl, lost, wait) if lost else []
     if n > before:
         joined = _grow(ctl, n, wait)
     else:
@@ -103,7 +113,13 @@ def scale(ctl: Controller, n: int, wait: float | None = None) -> Scaled:
     registry.register(ctl)  # the sidebar's count of ranks
     built = device_mesh.text(shape) if shape and not ctl.mesh_error else None
     return Scaled(
-        n, tuple(joined), tuple(left), ctl.dist_backend, ctl.dist_error or ctl.mesh_error, built
+        n,
+        tuple(joined),
+        tuple(left),
+        ctl.dist_backend,
+        ctl.dist_error or ctl.mesh_error,
+        built,
+        tuple(replaced),
     )
 
 
@@ -143,6 +159,40 @@ def _check(ctl: Controller, n: int) -> None:
             f"a %%monarch cell is running on {format_ranks(busy)}; scale once it has ended "
             "(handle.wait() waits for a --noblock one, %monarch interrupt stops it)"
         )
+
+
+# -- lost ranks ---------------------------------------------------------------------------------
+def _start_again(ctl: Controller, ranks: list[int], wait: float | None) -> list[int]:
+    """Workers for ranks whose worker is gone and was not replaced (a batch job whose node
+    died: no nanny starts it again), under their names, so each takes its rank's place as a
+    nanny's replacement does (attach.py). A SpecCluster (``up``'s, dask-jobqueue's) drops the
+    lost worker's spec and adds it back, which starts a new worker or job."""
+    from distributed import SpecCluster
+
+    cluster = ctl.cluster
+    olds = {rank: ctl.ranks[rank] for rank in ranks}
+    specs = getattr(cluster, "worker_spec", None) or {}
+    missing = [r for r, info in olds.items() if info.name not in specs]
+    if not isinstance(cluster, SpecCluster) or missing:
+        raise ClusterError(
+            f"{format_ranks(missing or ranks)} lost {'its' if len(ranks) == 1 else 'their'} "
+            f"worker and the cluster ({type(cluster).__name__}) cannot start one under its name; "
+            "%monarch restart starts fresh workers for every rank"
+        )
+    for info in olds.values():
+        spec = specs[info.name]
+        cluster.sync(cluster.scale_down, [info.name])  # closes what is left of the old one
+        cluster.worker_spec[info.name] = spec
+    cluster.sync(cluster._correct_state)
+    wait = (LOCAL_WAIT if _ours(cluster) else JOBS_WAIT) if wait is None else wait
+    deadline = time.monotonic() + wait
+    late = [r for r, info in olds.items() if not attach.replace(ctl, r, info, deadline)]
+    if late:
+        raise ClusterError(
+            f"no new worker for {format_ranks(late)} joined within {wait:g} s (wait=S waits "
+            "longer; the cluster's log says why a worker or job did not start)"
+        )
+    return ranks
 
 
 # -- growing ------------------------------------------------------------------------------------

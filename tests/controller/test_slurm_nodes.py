@@ -2,8 +2,8 @@
 a slurmd in each of three network-namespace hosts, ranks submitted by dask-jobqueue's
 SLURMCluster and spread one per node by the partition. One Slurm and one cluster of three ranks
 for the whole module, in this order: cells and a gloo all_reduce across the nodes; a node killed
-mid-cell; ``%monarch scale`` bringing the count back on the two nodes left; the link to a node
-cut mid-cell.
+mid-cell and ``%monarch scale`` starting its rank again on one of the two nodes left; the link
+to a node cut mid-cell.
 
 Skipped, in one line, only where Slurm is not installed, the test is not root or the machine
 cannot make network namespaces; where they can, a Slurm that does not come up fails the test.
@@ -133,47 +133,54 @@ def test_ranks_are_jobs_on_three_nodes(slurm, site, cell):
     assert cell(ALL_REDUCE).values() == [(3, 6.0)] * 3
 
 
-def test_a_node_killed_mid_cell_and_the_count_brought_back(slurm, site, cell):
-    """The node of the highest rank dies (its slurmd, job and worker SIGKILLed): that rank's
-    WorkerLost in one line, the others' values kept. ``%monarch scale 2`` drops the lost rank,
-    ``%monarch scale 3`` submits a job that Slurm puts on one of the two nodes left."""
+def test_a_node_killed_mid_cell_and_its_rank_started_again(slurm, site, cell):
+    """The node of rank 1 dies (its slurmd, job and worker SIGKILLed): that rank's WorkerLost
+    in one line, the others' values kept. No nanny starts a Slurm job again: ``%monarch scale
+    3`` (the same size) submits rank 1's job again, which Slurm puts on one of the two nodes
+    left, and rank 1 takes its place; ``%monarch scale 2`` and ``3`` then drop and add the
+    highest rank as usual."""
     network = slurm.network
     placed = _placement(cell, slurm, network)
-    dead = _roles(placed)[2]
+    dead = _roles(placed)[1]
     timer = threading.Timer(1.5, slurm.kill_node, (dead,))
     timer.start()
     try:
-        cell(_busy(2), expect_error=True)
+        cell(_busy(1), expect_error=True)
     finally:
         timer.cancel()
     err = cell.error
     assert isinstance(err, monarch_nb.CellError), repr(err)
-    assert err.results.to_dict() == {0: 0, 1: 1}
+    assert err.results.to_dict() == {0: 0, 2: 2}
     lines = err._render_traceback_()
     assert lines[:2] == ["1 of 3 ranks failed", ""], lines
     assert len(lines) == 3 and lines[2].startswith(
-        f"[rank 2] WorkerLost: on {network.address(dead)}: "
+        f"[rank 1] WorkerLost: on {network.address(dead)}: "
     ), lines
-    assert "1 of 3 ranks failed" in cell.out and "[rank 2] WorkerLost" in cell.out
+    assert lines[2].endswith(
+        "(if no replacement joins, %monarch scale with the same number of ranks starts one)"
+    ), lines
+    assert "1 of 3 ranks failed" in cell.out and "[rank 1] WorkerLost" in cell.out
 
     # Slurm's own ping finds the node gone (SlurmdTimeout) and schedules nothing there.
     assert wait_for(lambda: "*" in slurm.states().get(node_name(dead), ""), timeout=60), (
         slurm.states()
     )
+    cell(f"%monarch scale 3 --wait {WAIT}")
+    assert cell.out.splitlines() == [
+        "monarch-nb: still 3 ranks; rank 1 lost its worker and got a new one with an empty "
+        "namespace; the gloo process group was formed again over 3 ranks"
+    ]
+    again = _placement(cell, slurm, network)
+    assert again[0] == placed[0] and again[2] == placed[2], (placed, again)
+    assert again[1][1] != placed[1][1], again  # a new job
+    assert again[1][0] in {placed[0][0], placed[2][0]}, again  # on a node left
+    assert cell(ALL_REDUCE).values() == [(3, 6.0)] * 3
     cell("%monarch scale 2")
     assert cell.out.splitlines() == [
         "monarch-nb: scaled to 2 ranks; rank 2 left (its namespace went with it); "
         "the gloo process group was formed again over 2 ranks"
     ]
     cell(f"%monarch scale 3 --wait {WAIT}")
-    assert cell.out.splitlines() == [
-        "monarch-nb: scaled to 3 ranks; rank 2 joined with an empty namespace "
-        "(%monarch push NAME --targets 2:3 fills it); the gloo process group was formed "
-        "again over 3 ranks"
-    ]
-    again = _placement(cell, slurm, network)
-    assert again[:2] == placed[:2] and again[2][1] != placed[2][1], (placed, again)
-    assert again[2][0] in {node for node, _ in placed[:2]}, again
     assert cell(ALL_REDUCE).values() == [(3, 6.0)] * 3
 
 
