@@ -40,8 +40,11 @@ def say(text: str) -> None:
 
 
 def main(ready_fd: int) -> None:
+    from monarch_nb.controller import forkserver
+
     spec = json.loads(sys.stdin.read())
     sys.stdin.close()
+    forkserver.start()  # first: the workers' imports run there while this process imports Dask
     stop = threading.Event()
     reason: dict[str, str] = {}
 
