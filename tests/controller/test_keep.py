@@ -5,6 +5,7 @@ restart and SIGKILL are in tests/notebook/test_keep_kernels.py."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 
 import _actor_helpers as helpers
@@ -14,7 +15,7 @@ import pytest
 from _wait import running, wait_for
 
 import monarch_nb
-from monarch_nb import kept, registry
+from monarch_nb import errors, kept, registry
 from monarch_nb.actors import mesh as actors
 from monarch_nb.actors import recover
 from monarch_nb.errors import ClusterError
@@ -52,7 +53,15 @@ def cluster_processes(host: int) -> list[int]:
     return [host, *(p.pid for p in psutil.Process(host).children(recursive=True))]
 
 
-def test_a_detached_cluster_is_attached_again_with_every_ranks_state(held):
+@pytest.fixture
+def current_is(shell):
+    """``current_is(ctl)``: the magics drive ``ctl`` for the test; the current one is put back."""
+    saved = errors.current()
+    yield errors.set_current
+    errors.set_current(saved)
+
+
+def test_a_detached_cluster_is_attached_again_with_every_ranks_state(held, cell, current_is):
     ctl = held["ctl"]
     assert ctl.kept["name"] == NAME and ctl.dist_backend == "gloo"
     ctl.run("x = rank * 10\nimport torch.distributed as dist\nworld = dist.group.WORLD\nm0 = mesh")
@@ -90,8 +99,19 @@ def test_a_detached_cluster_is_attached_again_with_every_ranks_state(held):
     assert len(again.stacks().ranks) == 2
     assert again.id in {e["id"] for e in registry.list_entries()}  # the sidebar lists it
     assert running(processes) == processes  # nothing was restarted
+    # it listens where a local cluster does: loopback only (scheduler, dashboard, nannies in
+    # the host; workers, engines, the process group's store and pairs on the ranks)
+    pids = [held["host"], *(row["pid"] for row in again.status())]
+    for pid in pids:
+        ips = {c.laddr.ip for c in psutil.Process(pid).net_connections("inet") if not c.raddr}
+        assert ips and all(ipaddress.ip_address(ip).is_loopback for ip in ips), (pid, ips)
     with pytest.raises(ValueError, match=r"no live actor mesh is named 'nope' .*there: counters"):
         monarch_nb.actor_mesh("nope", again)
+    current_is(again)  # the magics: %monarch actors, and a cell with its live panel
+    cell("%monarch actors")
+    row = ["counters", "Counter", "2", "ranks", "0-1", "this", "notebook"]
+    assert cell.out.splitlines()[1].split() == row
+    assert cell("%%monarch\nimport time; time.sleep(1.5)\nx + y").values() == [3, 13]
 
 
 def test_a_second_controller_is_refused_and_take_detaches_the_first(held):
@@ -153,6 +173,25 @@ def test_a_cluster_started_without_keep_refuses_to_detach(clean):
     assert not clean.closed and clean.run("rank").values() == [0, 1]
 
 
+def test_a_detached_tls_cluster_shuts_itself_down_after_its_idle_limit(held, runtime):
+    ctl = monarch_nb.up(
+        workers=1, cpu=True, keep=3, name="idle", tls=True, dist=False, current=False
+    )
+    assert ctl.kept["tls"] is not None and ctl.scheduler_address.startswith("tls://")
+    ctl.run("z = 42")
+    ctl.detach()
+    with pytest.raises(ClusterError, match=rf"2 kept clusters are running \({NAME}, idle\): name"):
+        monarch_nb.attach(current=False)
+    again = monarch_nb.attach("idle", current=False)  # with the certificate from its file
+    assert again.pull("z").values() == [42]
+    processes = cluster_processes(again.kept["pid"])
+    again.detach()
+    assert wait_for(lambda: not running(processes), timeout=120), running(processes)
+    log = kept.log_path(again.kept["id"]).read_text()
+    assert log.rstrip().endswith("shut down: no kernel held it for its idle limit of 3 s"), log
+    assert [e["name"] for e in kept.entries()] == [NAME]
+
+
 def test_down_shuts_the_host_and_every_process_down(held):
     ctl = held["ctl"]
     processes = cluster_processes(held["host"])
@@ -161,20 +200,3 @@ def test_down_shuts_the_host_and_every_process_down(held):
     assert wait_for(lambda: not running(processes), timeout=60), running(processes)
     assert kept.entries() == [] and not (kept.kept_dir() / f"{entry_id}.json").exists()
     assert not kept.log_path(entry_id).exists()  # asked for: nothing to read later
-
-
-def test_a_detached_tls_cluster_shuts_itself_down_after_its_idle_limit(runtime):
-    ctl = monarch_nb.up(
-        workers=1, cpu=True, keep=3, name="idle", tls=True, dist=False, current=False
-    )
-    assert ctl.kept["tls"] is not None and ctl.scheduler_address.startswith("tls://")
-    ctl.run("z = 42")
-    ctl.detach()
-    again = monarch_nb.attach("idle", current=False)  # with the certificate from its file
-    assert again.pull("z").values() == [42]
-    processes = cluster_processes(again.kept["pid"])
-    again.detach()
-    assert wait_for(lambda: not running(processes), timeout=120), running(processes)
-    log = kept.log_path(again.kept["id"]).read_text()
-    assert log.rstrip().endswith("shut down: no kernel held it for its idle limit of 3 s"), log
-    assert kept.entries() == []
