@@ -99,6 +99,31 @@ class KeptCluster:
         return f"<KeptCluster {self.name} at {self.scheduler_address}>"
 
 
+def say_busy(client) -> None:
+    """Before attaching: one line naming the ranks still running what the last kernel sent
+    them (a cell when it was killed), which the attach waits for."""
+
+    def running(dask_worker):  # by value: the workers need not import this module
+        engine = dask_worker.extensions.get("monarch")
+        return None if engine is None or engine.busy_since is None else engine.busy_since
+
+    since = {w["name"]: t for w, t in _by_worker(client, client.run(running)) if t is not None}
+    if since:
+        ranks = format_ranks(sorted(r for r in since if isinstance(r, int)) or list(since))
+        started = duration(time.time() - min(since.values()))
+        print(
+            f"monarch-nb: {ranks} still run what the last kernel sent them ({started} so far); "
+            "attaching waits until it ends (interrupt to stop waiting)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _by_worker(client, results: dict) -> list[tuple[dict, Any]]:
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    return [(workers[a], v) for a, v in results.items() if a in workers]
+
+
 def watch(ctl: Controller) -> None:
     """Once attached: the ranks' devices to the host (for the lists), and an ear for being
     taken over."""

@@ -197,6 +197,7 @@ def _attach_to(entry: dict, take: bool, backend, mesh) -> Controller:
         raise ClusterError(f"cannot reach kept cluster {entry['name']}: {e}") from None
     try:
         keep.claim(client, entry, take)
+        keep.say_busy(client)
         ctl = Controller(
             client,
             cluster=keep.KeptCluster(entry, client),
@@ -208,10 +209,14 @@ def _attach_to(entry: dict, take: bool, backend, mesh) -> Controller:
             kept=entry,
         )
         keep.watch(ctl)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(Exception):
             keep.ask(client, entry, "release")
         client.close()
+        if isinstance(e, KeyboardInterrupt) and not isinstance(e, Interrupted):
+            raise Interrupted(
+                f"attaching to {entry['name']} was interrupted; it is left as it was, detached"
+            ) from None
         raise
     return ctl
 

@@ -114,17 +114,20 @@ def test_a_variable_set_before_a_kernel_restart_is_there_after_attach(shared):
     assert running(before) == before  # the same processes, none replaced
 
 
-def test_a_killed_kernel_leaves_its_kept_cluster_running_for_a_new_kernel(shared):
+def test_a_kernel_killed_mid_cell_leaves_its_kept_cluster_running_for_a_new_kernel(shared):
     a = shared["a"]
+    b = shared["b"] = shared["kernel"]()  # started first: the attach comes while the cell runs
     pid = int(a.value("import os; print(os.getpid())"))
-    os.kill(pid, signal.SIGKILL)
+    cell = a.start("%%monarch\nimport time\nprint('started', flush=True)\ntime.sleep(4)\nlate = 1")
+    a.messages(cell, until=lambda m: "started" in m["content"].get("text", ""))
+    os.kill(pid, signal.SIGKILL)  # while the ranks run its cell
     assert wait_for(detached, timeout=30), kept.find(NAME)
     before = shared["processes"]
     assert running(before) == before
-    b = shared["b"] = shared["kernel"]()
     out = b.said(f"%monarch attach {NAME}")
     assert f"attached to {NAME}: 2 ranks" in out and "held by" not in out  # named: no list
-    assert b.value("%%monarch\nsecret") == "ValueMesh({0: 40, 1: 41})"
+    assert "still run what the last kernel sent them" in out  # and the attach waited for it
+    assert b.value("%%monarch\n(secret, late)") == "ValueMesh({0: (40, 1), 1: (41, 1)})"
 
 
 def test_a_second_kernel_is_refused_naming_the_first_and_take_detaches_it(shared):
