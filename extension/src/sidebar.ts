@@ -76,7 +76,8 @@ export class MonarchSidebar extends Panel {
   private _pollList = async (): Promise<boolean> => {
     const [{ data }, kept] = await Promise.all([
       requestAPI<{ clusters: ICluster[] }>('clusters'),
-      requestAPI<{ kept: IKept[] }>('kept')
+      // the kept clusters are an addition: the list of clusters shows without them
+      requestAPI<{ kept: IKept[] }>('kept').catch(() => ({ status: 0, data: { kept: [] } }))
     ]);
     this._kept.render(kept.data.kept);
     const text = JSON.stringify([data.clusters, kept.data.kept.map(k => [k.id, k.state])]);

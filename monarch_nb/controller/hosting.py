@@ -17,6 +17,7 @@ import secrets
 import select
 import subprocess
 import sys
+import threading
 import uuid
 from dataclasses import asdict
 from typing import Any
@@ -114,8 +115,8 @@ class Host:
             "dist": dist,
             "devices": devices(plans),
         }
-        self._ready, ready_w = os.pipe()
         fd = os.open(folder / f"{self.id}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._ready, ready_w = os.pipe()
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", BOOT, json.dumps(sys.path), str(ready_w)],
@@ -125,6 +126,9 @@ class Host:
                 pass_fds=(ready_w,),
                 start_new_session=True,  # out of reach of the kernel's process group
             )
+        except BaseException:
+            os.close(self._ready)
+            raise
         finally:
             os.close(fd)
             os.close(ready_w)
@@ -163,6 +167,8 @@ class Host:
             raise ClusterError(f"the kept cluster's file is not to be trusted: {e}") from None
         if entry is None:
             raise ClusterError(f"the kept cluster's host left no file; its log: {self._log()}")
+        # Reaped when it exits (down, its idle limit), whichever kernel asked it to
+        threading.Thread(target=self.proc.wait, name="monarch-host-reaper", daemon=True).start()
         return entry
 
     def stop(self) -> None:

@@ -17,8 +17,9 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from monarch_nb import kept, registry
-from monarch_nb.controller import certificates, forkserver, hosting, joining, keep, script_guard
+from monarch_nb.controller import certificates, forkserver, hosting, joining, script_guard
 from monarch_nb.controller import cluster as clusters
+from monarch_nb.controller import keep as lease
 from monarch_nb.controller import mesh as device_mesh
 from monarch_nb.controller.results import Interrupted
 from monarch_nb.errors import ClusterError, set_current
@@ -191,16 +192,16 @@ def _attach_to(entry: dict, take: bool, backend, mesh) -> Controller:
             entry["scheduler_address"],
             set_as_default=False,
             timeout=8,
-            security=keep.security(entry),
+            security=lease.security(entry),
         )
     except OSError as e:
         raise ClusterError(f"cannot reach kept cluster {entry['name']}: {e}") from None
     try:
-        keep.claim(client, entry, take)
-        keep.say_busy(client)
+        lease.claim(client, entry, take)
+        lease.say_busy(client)
         ctl = Controller(
             client,
-            cluster=keep.KeptCluster(entry, client),
+            cluster=lease.KeptCluster(entry, client),
             owns_cluster=True,
             expected=entry["ranks"],
             dist=entry["dist"],
@@ -208,10 +209,10 @@ def _attach_to(entry: dict, take: bool, backend, mesh) -> Controller:
             mesh=mesh,
             kept=entry,
         )
-        keep.watch(ctl)
+        lease.watch(ctl)
     except BaseException as e:
         with contextlib.suppress(Exception):
-            keep.ask(client, entry, "release")
+            lease.ask(client, entry, "release")
         client.close()
         if isinstance(e, KeyboardInterrupt) and not isinstance(e, Interrupted):
             raise Interrupted(

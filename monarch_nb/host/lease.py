@@ -112,6 +112,7 @@ class Lease(SchedulerPlugin):
         held = self.client is not None and self.client in (self.scheduler.clients or {})
         if held and self.client != client:
             if take is not True:
+                self.say(f"refused {kept.holder_text(who)}: {kept.holder_text(holder)} holds it")
                 return {"ok": False, "held": holder}
             self.scheduler.log_event(kept.TOPIC, {"taken": self.client, **who})
             self.say(f"{kept.holder_text(who)} took it over from {kept.holder_text(holder)}")
@@ -119,7 +120,7 @@ class Lease(SchedulerPlugin):
         self.entry["holder"] = {**who, "since": time.time()}
         self.entry["detached_since"] = None
         self._write()
-        self.say(f"attached to {kept.holder_text(who)}")
+        self.say(f"attached to {kept.holder_text(who)} (Dask client {client})")
         return {"ok": True}
 
     def _scale(self, n: int) -> dict[str, Any]:

@@ -40,11 +40,6 @@ def say(text: str) -> None:
 
 
 def main(ready_fd: int) -> None:
-    from monarch_nb.controller import forkserver
-
-    spec = json.loads(sys.stdin.read())
-    sys.stdin.close()
-    forkserver.start()  # first: the workers' imports run there while this process imports Dask
     stop = threading.Event()
     reason: dict[str, str] = {}
 
@@ -55,6 +50,11 @@ def main(ready_fd: int) -> None:
     signal.signal(signal.SIGTERM, on_term)
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
+    from monarch_nb.controller import forkserver
+
+    spec = json.loads(sys.stdin.read())
+    sys.stdin.close()
+    forkserver.start()  # first: the workers' imports run there while this process imports Dask
     say(f"starting kept cluster {spec['name']} ({len(spec['plans'])} workers)")
     try:
         cluster, entry, lease = _start(spec, stop)
