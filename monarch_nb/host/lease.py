@@ -18,7 +18,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from monarch_nb import kept
+from monarch_nb import kept, registry
 
 START_GRACE = 120.0  # seconds for the kernel that started the cluster to claim it
 
@@ -87,7 +87,7 @@ class Lease(SchedulerPlugin):
             return {"ok": False, "why": "the token is not this cluster's"}
         op = request
         if op == "claim":
-            return self._claim(client, {"kernel": kernel, "notebook": notebook, "pid": pid}, take)
+            return self._claim(client, _who(kernel, notebook, pid), take)
         if op == "release":
             if client is not None and client == self.client:
                 self._let_go("the kernel detached")
@@ -99,7 +99,7 @@ class Lease(SchedulerPlugin):
         if op == "scale" and isinstance(n, int) and n >= 1:
             return self._scale(n)
         if op == "shutdown":
-            who = kept.holder_text({"kernel": kernel, "notebook": notebook, "pid": pid})
+            who = kept.holder_text(_who(kernel, notebook, pid))
             self.stop_reason = f"{who} shut it down (%monarch down)"
             self.stop.set()
             return {"ok": True}
@@ -137,3 +137,15 @@ class Lease(SchedulerPlugin):
         self.entry["ranks"] = n
         self._write()
         return {"ok": True}
+
+
+def _who(kernel, notebook, pid) -> dict[str, Any]:
+    """A kernel's names as the file may hold them (kept.parse): what does not fit is left out
+    rather than making the file unreadable."""
+    return {
+        "kernel": kernel
+        if kept._text(kernel, 64) and registry._KERNEL_ID.fullmatch(kernel)
+        else None,
+        "notebook": notebook if kept._text(notebook) else None,
+        "pid": pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None,
+    }
