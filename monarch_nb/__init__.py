@@ -34,7 +34,8 @@ _EXPORTS = {
         "UnserializableResult",
         "ValueMesh",
     ),
-    "monarch_nb.controller.start": ("connect", "up"),
+    "monarch_nb.controller.start": ("attach", "connect", "up"),
+    "monarch_nb.actors.recover": ("actor_mesh",),
     "monarch_nb.controller.targets": ("TargetError", "parse_targets"),
     "monarch_nb.errors": ("ClusterError", "current"),
     "monarch_nb.notebook.bokeh_display": ("show",),
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
         endpoint,
         proc_mesh,
     )
+    from monarch_nb.actors.recover import actor_mesh
     from monarch_nb.controller.controller import Controller
     from monarch_nb.controller.handles import CellHandle
     from monarch_nb.controller.results import (
@@ -68,7 +70,7 @@ if TYPE_CHECKING:
         UnserializableResult,
         ValueMesh,
     )
-    from monarch_nb.controller.start import connect, up
+    from monarch_nb.controller.start import attach, connect, up
     from monarch_nb.controller.targets import TargetError, parse_targets
     from monarch_nb.errors import ClusterError, current
     from monarch_nb.notebook.bokeh_display import show
@@ -109,6 +111,8 @@ __all__ = [
     "TargetError",
     "UnserializableResult",
     "ValueMesh",
+    "actor_mesh",
+    "attach",
     "checkpoint",
     "connect",
     "context",

@@ -87,8 +87,8 @@ def valid_id(cluster_id: str) -> bool:
     return isinstance(cluster_id, str) and bool(ID_PATTERN.fullmatch(cluster_id))
 
 
-def _ensure_dir() -> Path:
-    path = registry_dir()
+def _ensure_dir(path: Path | None = None) -> Path:
+    path = path or registry_dir()
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     # through a descriptor: a symlink put in its place fails here (ELOOP) instead of having
     # its target's mode changed and our entries written there
@@ -179,10 +179,12 @@ def make_entry(ctl) -> dict[str, Any]:
     }
 
 
-def write_entry(entry: dict[str, Any]) -> Path:
+def write_entry(entry: dict[str, Any], folder: Path | None = None) -> Path:
+    """Write ``entry`` as ``<id>.json`` in the registry (or ``folder``, kept.py's), whole or
+    not at all, owner-only."""
     if not valid_id(entry["id"]):
         raise ValueError(f"cluster id must be 32 hex digits, got {entry['id']!r}")
-    folder = _ensure_dir()
+    folder = _ensure_dir(folder)
     path = folder / f"{entry['id']}.json"
     tmp = folder / f".{entry['id']}.{os.getpid()}.tmp"
     with contextlib.suppress(FileNotFoundError):
@@ -229,9 +231,10 @@ def unregister(ctl_or_id) -> bool:
 
 
 # -- reading: nothing is trusted until checked -------------------------------------------------
-def _open_dir() -> int | None:
-    """A descriptor of the registry directory, checked; None if there is none."""
-    folder = registry_dir()
+def _open_dir(folder: Path | None = None) -> int | None:
+    """A descriptor of the registry directory (or ``folder``, kept.py's), checked; None if
+    there is none."""
+    folder = folder or registry_dir()
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -250,10 +253,10 @@ def _open_dir() -> int | None:
     return fd
 
 
-def _read_file(dir_fd: int, name: str) -> bytes:
+def _read_file(dir_fd: int, name: str, folder: Path | None = None) -> bytes:
     """The bytes of one entry file, after checking the open descriptor (no check-then-read
     race); raises FileNotFoundError or InvalidEntry."""
-    path = registry_dir() / name
+    path = (folder or registry_dir()) / name
     try:
         fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:

@@ -5,18 +5,22 @@ from __future__ import annotations
 import os
 import queue
 import time
+import uuid
 
 
 class KernelProcess:
     """A kernel whose Jupyter runtime directory (and so cluster registry) is ``runtime``; its
-    output goes to ``runtime/kernel.log``."""
+    output goes to ``runtime/kernel.log``. Its connection file is named as Jupyter Server
+    names it (``kernel-<id>.json``), from which the kernel knows its id."""
 
     def __init__(self, runtime):
         from jupyter_client import KernelManager
 
         env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime)}
-        self.km = KernelManager(kernel_name="python3")
-        self.log = open(runtime / "kernel.log", "w")  # noqa: SIM115 (closed in close)
+        self.kernel_id = str(uuid.uuid4())
+        connection = str(runtime / f"kernel-{self.kernel_id}.json")
+        self.km = KernelManager(kernel_name="python3", connection_file=connection)
+        self.log = open(runtime / "kernel.log", "a")  # noqa: SIM115 (closed in close)
         self.km.start_kernel(cwd=os.getcwd(), env=env, stdout=self.log, stderr=self.log)
         self.kc = self.km.client()
         self.kc.start_channels()

@@ -11,8 +11,8 @@ import pytest
 ROOT = Path(__file__).parent.parent
 PACKAGE = ROOT / "monarch_nb"
 # Imported by every side; everything else lives in the folder of the process that runs it.
-SHARED = {"__init__.py", "errors.py", "registry.py", "wire.py"}
-SIDES = {"controller", "notebook", "rank", "actors", "telemetry", "server", "examples"}
+SHARED = {"__init__.py", "errors.py", "kept.py", "registry.py", "wire.py"}
+SIDES = {"controller", "notebook", "rank", "actors", "telemetry", "server", "examples", "host"}
 MAX_LINES = 500
 
 

@@ -93,3 +93,9 @@ def test_quickstart_shows_rank_output_errors_and_background_cells():
     assert (
         "<- the cell" in by_source["sleeper.wait(1)  # give the ranks a second to start sleeping"]
     )
+    # a kept cluster let go of and attached again: the ranks' state is there
+    assert "kept as quickstart" in by_source["%monarch up --keep 10m --name quickstart"]
+    assert "detached from quickstart" in by_source["%monarch detach"]
+    assert "attached to quickstart: 2 ranks" in by_source["%monarch attach quickstart"]
+    summed = next(text_of(c) for c in nb.cells if "weights.sum()" in c.source)
+    assert "ValueMesh({0: 0.0, 1: 3.0})" in summed

@@ -6,9 +6,10 @@ import { Panel } from '@lumino/widgets';
 import { ClusterDetail, DetailAction } from './clusterDetail';
 import { ClusterList } from './clusterList';
 import { closeDashboard } from './dashboardTab';
+import { KeptList } from './keptList';
 import { Poller } from './poller';
 import { requestAPI } from './request';
-import { ICluster, IClusters, IMetrics } from './types';
+import { ICluster, IClusters, IKept, IMetrics } from './types';
 
 export interface ISidebarOptions {
   interval: number;
@@ -26,11 +27,13 @@ export class MonarchSidebar extends Panel {
     this.title.caption = 'Monarch clusters';
     this._openDashboard = options.openDashboard;
     this.addWidget(this._list);
+    this.addWidget(this._kept);
     this.addWidget(this._detail);
     this._listPoll = new Poller(this._pollList, options.interval, options.maxInterval);
     this._metricsPoll = new Poller(this._pollMetrics, options.interval, options.maxInterval);
     this._list.selectionChanged.connect(this._onSelect, this);
     this._detail.action.connect(this._onAction, this);
+    this._kept.shutDown.connect(this._onShutDownKept, this);
   }
 
   setIntervals(interval: number, maxInterval: number): void {
@@ -71,9 +74,18 @@ export class MonarchSidebar extends Panel {
   }
 
   private _pollList = async (): Promise<boolean> => {
-    const { data } = await requestAPI<IClusters>('clusters');
+    const [{ data }, kept] = await Promise.all([
+      requestAPI<IClusters>('clusters'),
+      // the kept clusters are an addition: the list of clusters shows without them
+      requestAPI<{ kept: IKept[] }>('kept').catch(() => ({ status: 0, data: { kept: [] } }))
+    ]);
     const unreachable = data.unreachable ?? [];
-    const text = JSON.stringify([data.clusters, unreachable]);
+    this._kept.render(kept.data.kept);
+    const text = JSON.stringify([
+      data.clusters,
+      unreachable,
+      kept.data.kept.map(k => [k.id, k.state])
+    ]);
     const changed = text !== this._listText;
     this._listText = text;
     this._clusters = new Map(data.clusters.map(c => [c.id, c]));
@@ -155,7 +167,27 @@ export class MonarchSidebar extends Panel {
     this._listPoll.refresh();
   }
 
+  private async _onShutDownKept(_: KeptList, kept: IKept): Promise<void> {
+    const result = await showDialog({
+      title: `Shut ${kept.name} down?`,
+      body:
+        `Kept cluster ${kept.name} and its ${kept.ranks} workers will stop; every rank's ` +
+        'namespace and actors are lost.',
+      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Shut down' })]
+    });
+    if (!result.button.accept) {
+      return;
+    }
+    try {
+      await requestAPI(`kept/${kept.id}`, { method: 'DELETE' }, [404]);
+    } catch (error) {
+      await showErrorMessage('Could not shut the cluster down', error as Error);
+    }
+    this._listPoll.refresh();
+  }
+
   private _list = new ClusterList();
+  private _kept = new KeptList();
   private _detail = new ClusterDetail();
   private _clusters = new Map<string, ICluster>();
   private _listPoll: Poller;

@@ -84,3 +84,19 @@ export function rankColor(rank: number | string): string {
 export function rankName(rank: number | string): string {
   return typeof rank === 'number' ? `rank ${rank}` : String(rank);
 }
+
+/** One kept cluster (%monarch up --keep): GET /monarch/api/kept. */
+export interface IKept {
+  id: string;
+  name: string;
+  owner: string;
+  state: 'attached' | 'detached';
+  ranks: number;
+  devices: string;
+  /** Seconds since the epoch. */
+  started: number;
+  detached_since: number | null;
+  /** Seconds without a kernel after which it shuts itself down. */
+  idle_limit: number;
+  holder: { kernel: string | null; notebook: string | null; since: number } | null;
+}

@@ -120,7 +120,8 @@ class _Member(NamedTuple):
 class _ControllerActors:
     def __init__(self, ctl):
         self.ctl = ctl
-        ctl.client.register_plugin(ActorPlugin(), name=PLUGIN_NAME)
+        keep = getattr(ctl, "kept", None) is not None  # actors outlive a kept cluster's kernel
+        ctl.client.register_plugin(ActorPlugin(keep), name=PLUGIN_NAME)
         loop = ctl.client.loop.asyncio_loop
         self.mailbox = Mailbox(loop, ctl.client.connection_args, self._unsolicited)
         self.broadcast_errors: list[ActorError] = []
@@ -221,6 +222,8 @@ class _Mesh:
         if self._box is None:
             self._box = _local_mailbox()
         box = self._box
+        if box.close_cause.startswith("detached"):  # the notebook let go; the actors live on
+            raise ClusterError(box.close_cause)
         if box.loop.is_closed() or box.close_cause == CLUSTER_DOWN:  # the workers went with it
             raise ClusterError(
                 "this mesh's cluster is down: start one with %monarch up, then spawn again on "
@@ -473,7 +476,7 @@ def calls_owed(ctl, addresses) -> int:
     return sum(a in addresses for a in owed)
 
 
-def close(ctl=None) -> None:
+def close(ctl=None, cause: str | None = None) -> None:
     """Drop this controller's actor connections (call before leaving a cluster you keep
     running): the workers stop the actors it spawned, its pending calls fail, and its meshes
     refuse further use. ``proc_mesh()`` starts afresh."""
@@ -481,7 +484,7 @@ def close(ctl=None) -> None:
     with _states_lock:
         state = _states.pop(ctl, None) if ctl is not None else None
     if state is not None:
-        state.mailbox.close(CLUSTER_DOWN if ctl.closed else CLOSED)
+        state.mailbox.close(cause or (CLUSTER_DOWN if ctl.closed else CLOSED))
 
 
 def broadcast_errors(ctl=None, clear: bool = False) -> list[ActorError]:

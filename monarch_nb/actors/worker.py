@@ -26,7 +26,14 @@ from distributed.comm import CommClosedError
 from distributed.core import Status
 
 from monarch_nb.actors import output as actors_output
-from monarch_nb.actors.actor import Context, Instance, Point, _context, endpoints_of
+from monarch_nb.actors.actor import (
+    Context,
+    Instance,
+    Point,
+    _context,
+    endpoints_of,
+    plain_methods_of,
+)
 from monarch_nb.actors.mailbox import ATTACH, Mailbox
 from monarch_nb.actors.output import ActorConsole, ActorOutbox
 from monarch_nb.actors.transport import ActorWire, Channel, listen_host, server_ssl_context
@@ -61,15 +68,46 @@ def wait_idle(told=None, poll: float = 0.05) -> None:
 
 
 class ActorPlugin(WorkerPlugin):
-    """Gives each worker an ActorHost and the attach handler."""
+    """Gives each worker an ActorHost and the attach handler. ``keep``: a kept cluster's, whose
+    actors outlive the notebook that spawned them, for the next one to take up."""
 
     name = PLUGIN_NAME
+
+    def __init__(self, keep: bool = False):
+        self.keep = keep
 
     def setup(self, worker) -> None:
         global _host
         if _host is None or _host.worker is not worker:
             _host = ActorHost(worker)
+        _host.keep = getattr(self, "keep", False)
         worker.handlers[ATTACH] = _host.attach
+
+
+def live(engine=None, caller: str = "") -> list[dict[str, Any]]:
+    """The actors built on this worker: what a notebook that attached to a kept cluster
+    rebuilds its handles from (actors/recover.py); ``owner`` says whether their spawner is
+    gone, is ``caller`` or is another (an actor elsewhere). Run on the rank's thread."""
+    found = []
+    with _host.lock if _host is not None else contextlib.nullcontext():
+        runners = list(_host.actors.items()) if _host is not None else []
+    for mesh_id, runner in runners:
+        if runner.actor is None or runner.instance is None:
+            continue  # still being built, or failed
+        cls, point = type(runner.actor), runner.instance.rank
+        found.append(
+            {
+                "mesh": mesh_id,
+                "name": runner.name,
+                "pt": point.rank,
+                "dims": list(point.extent.items()),
+                "info": (cls.__name__, cls._monarch_endpoints, plain_methods_of(cls)),
+                "owner": "gone"
+                if runner.owner.closed
+                else ("caller" if runner.owner.caller == caller else "other"),
+            }
+        )
+    return found
 
 
 class ActorHost:
@@ -83,6 +121,7 @@ class ActorHost:
         self._wire: ActorWire | None = None  # listening from the first caller on
         self._mailbox: Mailbox | None = None
         self._mailbox_lock = threading.Lock()
+        self.keep = False  # ActorPlugin's: actors outlive the caller that spawned them
 
     @property
     def mailbox(self) -> Mailbox:
@@ -135,9 +174,12 @@ class ActorHost:
         return Status.dont_reply
 
     def _caller_gone(self, channel: Channel) -> None:
-        """Actors die with the caller that spawned them (a controller that went away)."""
+        """Actors die with the caller that spawned them (a controller that went away), but
+        on a kept cluster, where they wait for the next notebook to adopt them."""
         with self.lock:
             channel.closed = True
+            if self.keep:
+                return
             owned = [(k, r) for k, r in self.actors.items() if r.owner is channel]
             for mesh_id, _ in owned:
                 del self.actors[mesh_id]
@@ -161,6 +203,15 @@ class ActorHost:
                     if channel.closed:  # its caller left: nobody could use or stop it
                         continue
                     runner = self.actors[msg["mesh"]] = ActorRunner(self, channel, msg)
+                elif op == "adopt":  # a notebook attached to a kept cluster: output to it
+                    runner = self.actors.get(msg["mesh"])
+                    if runner is not None:
+                        if runner.owner.closed:
+                            runner.owner = channel
+                        taken = runner.owner is channel
+                        why = f"{msg['where']}: the actor that spawned it holds it"
+                        _reply(channel, channel, msg, _OK if taken else _plain_error(why))
+                        continue
                 elif op == "stop":
                     runner = self.actors.pop(msg["mesh"], None)
                 else:
@@ -327,6 +378,9 @@ class ActorRunner:
         if token is not None and rank is not None:
             reply["e"]["pm"] = [token, rank]
         return reply
+
+
+_OK = {"ok": True, "v": None}
 
 
 def _reply(channel: Channel, owner: Channel, msg: dict, reply: dict) -> None:

@@ -4,7 +4,12 @@ certificates a controller joins a TLS scheduler with (``--tls``, ``--tls-ca-file
 
 from __future__ import annotations
 
+import importlib.util
 import os
+
+_NO_CRYPTOGRAPHY = (
+    "--tls needs the cryptography package for its temporary certificates: pip install cryptography"
+)
 
 
 def temporary_security():
@@ -15,10 +20,14 @@ def temporary_security():
     try:
         return Security.temporary()
     except ImportError:
-        raise ValueError(
-            "--tls needs the cryptography package for its temporary certificates: "
-            "pip install cryptography"
-        ) from None
+        raise ValueError(_NO_CRYPTOGRAPHY) from None
+
+
+def check_temporary() -> None:
+    """``temporary_security``'s refusal, without making a key: for a cluster whose certificate
+    another process makes (a kept cluster's host)."""
+    if importlib.util.find_spec("cryptography") is None:
+        raise ValueError(_NO_CRYPTOGRAPHY)
 
 
 def client_security(

@@ -35,6 +35,7 @@ from monarch_nb.controller import (
     dispatch,
     gathering,
     interrupting,
+    keep,
     lifecycle,
     scale,
     stacks,
@@ -45,7 +46,7 @@ from monarch_nb.controller import (
     mesh as device_mesh,
 )
 from monarch_nb.controller import sync as code_sync
-from monarch_nb.controller.dist import DistError, form_group, form_if_pending
+from monarch_nb.controller.dist import DistError, adopt_group, form_group, form_if_pending
 from monarch_nb.controller.handles import CellHandle
 from monarch_nb.controller.links import Link, RankInfo, Router
 from monarch_nb.controller.output import Renderer, live_sink
@@ -72,6 +73,7 @@ class Controller:
         dist: bool = True,
         backend: str | None = None,
         mesh: device_mesh.Shape | None = None,
+        kept: dict[str, Any] | None = None,
     ):
         self.client = client
         # Kept: the client forgets its scheduler once it closes, and messages still name it.
@@ -111,10 +113,15 @@ class Controller:
         self.mesh_error: str | None = None
         self._group_lock = threading.Lock()
         self._replacing = threading.Lock()  # two waiters for one lost rank's replacement
-        self.client.register_plugin(EnginePlugin(_process_group()), name=PLUGIN_NAME)
+        # A kept cluster's entry (kept.py): its host, not this kernel, started the workers.
+        self.kept = kept
+        self.taken: str | None = None  # why another kernel took this kept cluster (keep.py)
+        group = tuple(kept["group"]) if kept else _process_group()
+        self.client.register_plugin(EnginePlugin(group), name=PLUGIN_NAME)
         self.metrics = metrics.install(self.client)
         attach.attach_all(self, attach.wait_for_workers(self, expected or 1, timeout=60))
-        self._form_group()
+        if not (kept and adopt_group(self)):  # a kept cluster's group and mesh live on
+            self._form_group()
         dashboard.install(self.client)  # /monarch pages on the scheduler's dashboard server
         registry.register(self)  # so the JupyterLab sidebar finds this cluster
 
@@ -184,7 +191,7 @@ class Controller:
 
     def _check_open(self) -> None:
         if self.closed:
-            raise ClusterError("this cluster is down; start one with %monarch up")
+            raise ClusterError(self.taken or "this cluster is down; start one with %monarch up")
         if self.client.status in ("connecting", "closing", "closed"):
             raise ClusterError(self._scheduler_gone())
         if self._detached and not self._restarting:
@@ -374,6 +381,12 @@ class Controller:
     def down(self) -> None:
         """Close the connection; a cluster this controller started is shut down with it."""
         lifecycle.down(self)
+
+    def detach(self) -> None:
+        """Let go of a kept cluster (``up(keep=...)``): it keeps running with every rank's
+        namespace, process group, mesh and actors, for ``monarch_nb.attach()`` in this
+        kernel or another, until its idle limit."""
+        keep.detach(self)
 
     def __repr__(self) -> str:
         state = "down" if self.closed else f"{self.world_size} ranks"

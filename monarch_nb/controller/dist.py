@@ -69,6 +69,38 @@ def form_group(ctl, backend: str | None = None, timeout: float | None = None) ->
     return backend
 
 
+def adopt_group(ctl) -> bool:
+    """Take over the process group (and device mesh) the ranks of a kept cluster already have,
+    as a notebook attaching to it does: models wrapped in DistributedDataParallel or sharded
+    over the mesh keep their groups. Whether it could: every rank in one group of the world's
+    size, at its own rank, with one backend (else the caller forms a fresh one)."""
+    states = ctl.call(_group_state).values()
+    if not states or any(s is None for s in states):
+        return False
+    if any(s["rank"] != r or s["world"] != ctl.world_size for r, s in enumerate(states)):
+        return False
+    if len({s["backend"] for s in states}) != 1 or not ctl.dist_wanted:
+        return False
+    with ctl._group_lock:
+        ctl.dist_backend, ctl.dist_error, ctl.regroup_pending = states[0]["backend"], None, False
+        meshes = {s["mesh"] for s in states}
+        ctl.mesh_shape = dict(meshes.pop()) if len(meshes) == 1 and None not in meshes else None
+        ctl.mesh_error = None
+    return True
+
+
+def _group_state(engine) -> dict[str, Any] | None:
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return {
+        "backend": str(dist.get_backend()),
+        "rank": dist.get_rank(),
+        "world": dist.get_world_size(),
+        "mesh": rank_mesh.shape(engine),
+    }
+
+
 def regroup_after_interrupt(ctl, req, outcomes: dict[int, dict]) -> None:
     """After an interrupted cell, form the process group again if the ranks stopped at
     different collectives. A rank interrupted between two collectives leaves a peer waiting

@@ -16,8 +16,10 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from monarch_nb.controller import certificates, forkserver, joining, script_guard
+from monarch_nb import kept, registry
+from monarch_nb.controller import certificates, forkserver, hosting, joining, script_guard
 from monarch_nb.controller import cluster as clusters
+from monarch_nb.controller import keep as lease
 from monarch_nb.controller import mesh as device_mesh
 from monarch_nb.controller.results import Interrupted
 from monarch_nb.errors import ClusterError, set_current
@@ -68,6 +70,8 @@ def up(
     current: bool = True,
     tls: bool = False,
     mesh=None,
+    keep=None,
+    name: str | None = None,
 ) -> Controller:
     """Start a local cluster, one worker per visible GPU (or 2 CPU workers), and control it.
 
@@ -76,15 +80,26 @@ def up(
     ``tls`` makes every Dask comm TLS with a temporary certificate (``ctl.client.security``).
     ``mesh`` (``{"dp": 2, "tp": 2}`` or ``"dp=2,tp=2"``): a DeviceMesh named ``mesh`` on every
     rank; without ``workers``, as many workers as the mesh has places.
+    ``keep`` (True, or an idle limit: ``"30m"``, ``"2h"``, seconds): a kept cluster, run by a
+    process of its own, which outlives this kernel (``ctl.detach()``, then ``attach(name)``
+    from any kernel of yours) until no kernel has held it for the idle limit (2 h for True).
     """
     script_guard.check_caller()  # before any process starts: spawned workers rerun a script
     shape = device_mesh.parse(mesh)
+    idle = hosting.idle_limit(keep)
+    if idle is None and name is not None:
+        raise ValueError("--name names a kept cluster: add --keep (keep=True)")
     if shape is not None:
         workers = _mesh_workers(shape, workers, dist)
     with _only_one(current):
         plans = clusters.plan_workers(
             clusters.detect_gpus(), workers=workers, cpu=cpu, threads=threads
         )
+        if idle is not None:
+            ctl = _up_kept(plans, threads, tls, idle, name, dist, backend, shape)
+            if current:
+                set_current(ctl)
+            return ctl
         security = certificates.temporary_security() if tls else None
         # Started first: the forkserver's imports run while this process imports the rest.
         cluster = _start_local(plans, threads, security)
@@ -117,6 +132,94 @@ def up(
 
 
 _UP_INTERRUPTED = "%monarch up interrupted; its workers were stopped"
+
+
+def _up_kept(plans, threads, tls, idle, name, dist, backend, shape) -> Controller:
+    """``up(keep=...)``: the cluster in a host process of its own (controller/hosting.py),
+    which this kernel then attaches to as any other would."""
+    name = hosting.check_name(name, {e["name"] for e in kept.entries()})
+    if tls:
+        certificates.check_temporary()  # the one-line refusal, before the host starts
+    host = hosting.Host(plans, threads, tls, idle, name, dist)
+    try:
+        _import_controller()  # while the host starts its workers
+        entry = host.ready()
+        ctl = _attach_to(entry, take=False, backend=backend, mesh=shape)
+    except KeyboardInterrupt:
+        host.stop()
+        raise Interrupted(_UP_INTERRUPTED) from None
+    except BaseException:
+        host.stop()
+        raise
+    forkserver.release_unclaimed()  # %load_ext's: the host forks the workers
+    return ctl
+
+
+def attach(name: str | None = None, take: bool = False, current: bool = True) -> Controller:
+    """Attach to a kept cluster of yours (``up(keep=...)``), by ``name`` or the only one: the
+    ranks' namespaces, process group, mesh and actors are as its last kernel left them. One
+    kernel holds it at a time; ``take`` detaches the one that does (it is told so)."""
+    entries = kept.entries()
+    if name is None and len(entries) != 1:
+        names = ", ".join(e["name"] for e in entries)
+        raise ClusterError(
+            f"{len(entries)} kept clusters are running ({names}): name one, %monarch attach NAME"
+            if entries
+            else "no kept cluster of yours is running here; %monarch up --keep starts one"
+        )
+    entry = entries[0] if name is None else kept.find(name)
+    if isinstance(entry, registry.InvalidEntry):
+        raise ClusterError(f"kept cluster {name} is not to be trusted: {entry.reason}")
+    if entry is None:
+        names = ", ".join(e["name"] for e in entries) or "none"
+        raise ClusterError(f"no kept cluster is named {name} (running here: {names})")
+    with _only_one(current):
+        ctl = _attach_to(entry, take=take, backend=None, mesh=None)
+        if current:
+            set_current(ctl)
+            forkserver.release_unclaimed()
+        return ctl
+
+
+def _attach_to(entry: dict, take: bool, backend, mesh) -> Controller:
+    """A controller of the kept cluster of ``entry``, once its lease is this kernel's."""
+    from distributed import Client
+
+    from monarch_nb.controller.controller import Controller
+
+    try:
+        client = Client(
+            entry["scheduler_address"],
+            set_as_default=False,
+            timeout=8,
+            security=lease.security(entry),
+        )
+    except OSError as e:
+        raise ClusterError(f"cannot reach kept cluster {entry['name']}: {e}") from None
+    try:
+        lease.claim(client, entry, take)
+        lease.say_busy(client)
+        ctl = Controller(
+            client,
+            cluster=lease.KeptCluster(entry, client),
+            owns_cluster=True,
+            expected=entry["ranks"],
+            dist=entry["dist"],
+            backend=backend,
+            mesh=mesh,
+            kept=entry,
+        )
+        lease.watch(ctl)
+    except BaseException as e:
+        with contextlib.suppress(Exception):
+            lease.ask(client, entry, "release")
+        client.close()
+        if isinstance(e, KeyboardInterrupt) and not isinstance(e, Interrupted):
+            raise Interrupted(
+                f"attaching to {entry['name']} was interrupted; it is left as it was, detached"
+            ) from None
+        raise
+    return ctl
 
 
 def _mesh_workers(shape: device_mesh.Shape, workers: int | None, dist: bool) -> int:

@@ -22,6 +22,7 @@ from monarch_nb.notebook import (
     magic_cluster,
     magic_data,
     magic_debug,
+    magic_keep,
     magic_show,
     magic_stacks,
     magic_sync,
@@ -34,6 +35,9 @@ from monarch_nb.notebook.widgets import CellWatch, LivePanel
 _COMMANDS = {
     "up": magic_cluster.up,
     "connect": magic_cluster.connect,
+    "attach": magic_keep.attach,
+    "detach": magic_keep.detach,
+    "actors": magic_keep.actors,
     "run": magic_cluster.run,
     "status": magic_cluster.status,
     "down": magic_cluster.down,
@@ -80,9 +84,16 @@ class MonarchMagics(Magics):
             In [5]: %monarch status
             In [6]: %monarch down
 
-        Commands: up, connect, run, status, down, restart, scale, mesh, auto, metrics, dashboard,
-        plot, reset, interrupt, stacks, debug, push, pull, scatter, gather, sync, autoreload
-        (``%monarch -h`` says what each does, ``%monarch COMMAND -h`` shows its options).
+        Commands: up, attach, detach, actors, connect, run, status, down, restart, scale, mesh,
+        auto, metrics, dashboard, plot, reset, interrupt, stacks, debug, push, pull, scatter,
+        gather, sync, autoreload (``%monarch -h`` says what each does, ``%monarch COMMAND -h``
+        shows its options).
+
+        A cluster that outlives the kernel (a restart, a crash)::
+
+            In [1]: %monarch up --keep 2h      # shuts itself down after 2 h without a kernel
+            In [2]: %monarch detach            # or restart the kernel, then:
+            In [3]: %monarch attach            # the ranks' namespaces are as they were
 
         Cell magic (``%%monarch [--targets SPEC] [--noblock] [--out NAME] [--no-stream]
         [--no-collapse] [--timeout S] [--local]``; ``%%monarch -h`` explains them)::

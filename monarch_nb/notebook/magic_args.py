@@ -55,8 +55,25 @@ def line_parser() -> Parser:
     p.add_argument(
         "--tls", action="store_true", help="TLS on every Dask comm, with temporary certificates"
     )
+    p.add_argument(
+        "--keep",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="IDLE",
+        help="outlive this kernel (%%monarch detach, then %%monarch attach in any kernel); "
+        "shut down after IDLE without a kernel: 90s, 30m, 2h (the default), 1d",
+    )
+    p.add_argument("--name", default=None, help="a kept cluster's name (default: the notebook's)")
     _dist(p)
     _mesh(p)
+    p = sub.add_parser("attach", help="attach to a kept cluster (up --keep); lists them")
+    p.add_argument("name", nargs="?", default=None, metavar="NAME")
+    p.add_argument(
+        "--take", action="store_true", help="detach the kernel that holds it and attach here"
+    )
+    sub.add_parser("detach", help="let go of a kept cluster; it keeps running, state and all")
+    sub.add_parser("actors", help="the live actor meshes; monarch_nb.actor_mesh(NAME) gets one")
     p = sub.add_parser("connect", help="join a scheduler or wrap a distributed cluster object")
     p.add_argument("address", nargs="?")
     p.add_argument("--scheduler-file")

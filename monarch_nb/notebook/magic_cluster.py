@@ -13,8 +13,8 @@ from IPython.core.error import UsageError
 
 from monarch_nb import errors
 from monarch_nb.actors import mesh as actors
+from monarch_nb.controller import keep, start
 from monarch_nb.controller import mesh as device_mesh
-from monarch_nb.controller import start
 from monarch_nb.controller.launch import run_script
 from monarch_nb.controller.targets import TargetError, format_ranks
 from monarch_nb.errors import ClusterError
@@ -26,7 +26,7 @@ def controller():
     """The current controller, or the user's mistake (no cluster) in one line."""
     ctl = errors.current()
     if ctl is None or ctl.closed:
-        raise UsageError(NO_CLUSTER)
+        raise UsageError(keep.taken_notice() or NO_CLUSTER)
     ctl.announce()
     return ctl
 
@@ -103,9 +103,17 @@ def up(magics, args):
             backend=args.backend,
             tls=args.tls,
             mesh=args.mesh,
+            keep=args.keep,
+            name=args.name,
         )
     )
     _print_ranks(ctl, "started")
+    if ctl.kept is not None:
+        name, idle = ctl.kept["name"], keep.duration(ctl.kept["idle_limit"])
+        print(
+            f"monarch-nb: kept as {name}: it outlives this kernel (%monarch attach {name} after "
+            f"a restart) until it goes {idle} without one; %monarch down shuts it down"
+        )
 
 
 def connect(magics, args):

@@ -165,6 +165,11 @@ class Engine:
         return {**self.mesh_coords, **self.user_labels}
 
     @property
+    def busy_since(self) -> float | None:
+        """When the request the rank's thread runs now started (None: idle)."""
+        return self._started_at
+
+    @property
     def busy(self) -> bool:
         """Whether the rank's thread runs a request now (telemetry samples it at full rate)."""
         return self._current is not None

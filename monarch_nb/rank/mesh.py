@@ -62,3 +62,11 @@ def drop(engine) -> None:
 
 def current(engine) -> Any:
     return engine.mesh if engine.mesh is not None else NoMesh(engine.identity.get("world_size"))
+
+
+def shape(engine) -> tuple[tuple[str, int], ...] | None:
+    """The dimensions of the rank's mesh, ``(("dp", 2), ("tp", 2))``; None without one."""
+    mesh = engine.mesh
+    if mesh is None:
+        return None
+    return tuple(zip(mesh.mesh_dim_names, (int(n) for n in mesh.shape), strict=True))

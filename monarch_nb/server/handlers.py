@@ -9,6 +9,7 @@
                                                down, if its notebook started it; ?forget=1
                                                only drops the entry
     GET    /monarch/proxy/<id>/<path>          a page of that cluster's dashboard, e.g. monarch
+    GET    /monarch/api/kept                   kept clusters (kept_routes.py); DELETE .../<id>
 
 The proxy only ever reaches the dashboard URL of a registered, live entry that passed
 registry.py's checks (owner, mode, no symlink, a live controller, and a dashboard on the
@@ -38,7 +39,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HT
 from tornado.simple_httpclient import HTTPStreamClosedError
 
 from monarch_nb import registry
-from monarch_nb.server import bokeh_static, reachable
+from monarch_nb.server import bokeh_static, kept_routes, reachable
 
 CONNECT_TIMEOUT = 2.0  # seconds; the schedulers are on this machine or this allocation
 REQUEST_TIMEOUT = 8.0
@@ -64,6 +65,7 @@ def _load_jupyter_server_extension(serverapp) -> None:
         (cluster + r"/?", ClusterHandler),
         (r"/monarch/proxy/([^/]+)/?(.*)", ProxyHandler),
         *bokeh_static.handlers(),  # BokehJS for the page, offline
+        *kept_routes.handlers(),  # kept clusters, the detached ones shut down from the sidebar
     ]
     serverapp.web_app.add_handlers(
         ".*$", [(url_path_join(base, pattern), handler) for pattern, handler in handlers]

@@ -1,0 +1,183 @@
+"""A kept cluster's host process, from start to shutdown.
+
+``%monarch up --keep`` (controller/hosting.py) starts it with ``BOOT`` in a session of its own,
+so that neither the kernel's death nor JupyterLab's signals to the kernel's process group
+(SIGINT for the stop button, SIGKILL for a restart that hangs) reach it, and hands it the plan
+on its stdin (the token never shows in ``ps``). It starts the cluster as ``up`` does in the
+kernel (cluster.py's SpecCluster: the scheduler and a nanny per rank here, the workers forked
+from a forkserver of its own), puts the lease on the scheduler (lease.py), writes the
+kept-cluster file (kept.py) and tells the kernel on the ready pipe. Then it waits, and shuts
+the cluster down when asked (SIGTERM: ``%monarch down``, the sidebar's "Shut down"), when its
+scheduler is closed, or when no kernel has held it for its idle limit; it says why in its log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from monarch_nb import kept
+
+# Run as ``python -c BOOT SYS_PATH READY_FD``: the kernel's sys.path first, so that the host and
+# its workers import what the kernel imports (monarch_nb from a checkout included).
+BOOT = (
+    "import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
+    "from monarch_nb.host.main import main; main(int(sys.argv[2]))"
+)
+TICK = 0.5  # seconds between looks at the idle clock and the scheduler
+
+
+def say(text: str) -> None:
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    print(f"{stamp} monarch-nb host {os.getpid()}: {text}", file=sys.stderr, flush=True)
+
+
+def main(ready_fd: int) -> None:
+    stop = threading.Event()
+    reason: dict[str, str] = {}
+
+    def on_term(signum, frame) -> None:
+        reason.setdefault("why", "asked to shut down (SIGTERM: %monarch down or the sidebar)")
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    from monarch_nb.controller import forkserver
+
+    spec = json.loads(sys.stdin.read())
+    sys.stdin.close()
+    forkserver.start()  # first: the workers' imports run there while this process imports Dask
+    say(f"starting kept cluster {spec['name']} ({len(spec['plans'])} workers)")
+    try:
+        cluster, entry, lease = _start(spec, stop)
+    except BaseException as e:  # the kernel shows it in one line
+        say(f"could not start: {type(e).__name__}: {e}")
+        _tell(ready_fd, {"ok": False, "error": f"{type(e).__name__}: {e}"})
+        raise SystemExit(1) from None
+    _tell(ready_fd, {"ok": True})
+    say(f"up at {entry['scheduler_address']}: {entry['ranks']} ranks")
+    why = _serve(cluster, lease, stop)
+    asked = stop.is_set()  # by a user (SIGTERM, %monarch down), not the idle limit
+    why = reason.get("why") or lease.stop_reason or why
+    kept.remove(entry["id"])  # first: no kernel attaches to a cluster going down
+    from monarch_nb.controller import cluster as clusters
+
+    gone = cluster.scheduler.status.name in ("closing", "closed", "failed")
+    with contextlib.suppress(Exception):
+        clusters.close_cluster(cluster, gone)
+    say(f"shut down: {why}")
+    if asked:  # what a user asked for: nothing to read later
+        with contextlib.suppress(OSError):
+            os.unlink(kept.log_path(entry["id"]))
+
+
+def _tell(fd: int, message: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):
+        os.write(fd, json.dumps(message).encode() + b"\n")
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def _start(spec: dict[str, Any], stop: threading.Event):
+    from monarch_nb.controller import certificates
+    from monarch_nb.controller import cluster as clusters
+    from monarch_nb.host.lease import Lease
+
+    plans = [clusters.WorkerPlan(p["name"], p["env"], p["gpu"]) for p in spec["plans"]]
+    security = certificates.temporary_security() if spec["tls"] else None
+    cluster = clusters.start_local(plans, threads=spec["threads"], security=security)
+    try:
+        scheduler = cluster.scheduler
+        deadline = time.monotonic() + 120
+        while len(scheduler.workers) < len(plans):
+            if time.monotonic() > deadline or stop.is_set():
+                raise RuntimeError(f"{len(scheduler.workers)} of {len(plans)} workers started")
+            time.sleep(0.05)
+        now = time.time()
+        entry = {
+            "id": spec["id"],
+            "name": spec["name"],
+            "scheduler_address": scheduler.address,
+            "dashboard_url": _dashboard(cluster, scheduler.address),
+            "token": spec["token"],
+            "ranks": len(plans),
+            "devices": spec["devices"],
+            "started": now,
+            "pid": os.getpid(),
+            "pid_started": registry_started(),
+            "idle_limit": spec["idle_limit"],
+            "dist": spec["dist"],
+            "group": [socket.gethostname(), os.getpgid(0), os.getpid()],
+            "tls": _pems(security),
+            "holder": None,
+            "detached_since": None,
+        }
+        lease = Lease(entry, stop, cluster, say)
+
+        async def install() -> None:
+            await scheduler.register_scheduler_plugin(lease, name=Lease.name, idempotent=False)
+            scheduler.handlers["monarch_keep"] = lease.handle
+
+        cluster.sync(install)
+        kept.write(entry)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            cluster.close(timeout=10)
+        raise
+    return cluster, entry, lease
+
+
+def registry_started() -> float | None:
+    from monarch_nb import registry
+
+    return registry._process_started(os.getpid())
+
+
+def _dashboard(cluster, address: str) -> str | None:
+    from monarch_nb import registry
+
+    try:
+        link = cluster.dashboard_link
+    except Exception:  # no dashboard
+        return None
+    return registry.dashboard_for(link, address)
+
+
+def _pems(security) -> dict[str, str] | None:
+    """The temporary certificate and key as PEM text, for the kernels that attach: in the
+    kept-cluster file, which only this user can read."""
+    if security is None:
+        return None
+    return {
+        "ca": security.tls_ca_file,
+        "cert": security.tls_client_cert,
+        "key": security.tls_client_key,
+    }
+
+
+def _serve(cluster, lease, stop: threading.Event) -> str:
+    """Wait until the cluster is to go; why it goes."""
+    limit = lease.entry["idle_limit"]
+    while not stop.wait(TICK):
+        if cluster.scheduler.status.name in ("closing", "closed", "failed"):
+            return "its scheduler was closed (the sidebar's Shut down, or scheduler.close())"
+        idle = lease.idle_for()
+        if idle is not None and idle >= limit:
+            return f"no kernel held it for its idle limit of {_duration(limit)}"
+    return "asked to shut down"
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"

@@ -1,0 +1,202 @@
+"""Kept clusters (``up(keep=...)``) driven from this process as a notebook would: detached and
+attached again with every rank's state (namespace, process group, device mesh, actors), a
+second controller refused and ``take``, scaling, the idle limit, TLS, and ``down``. A kernel
+restart and SIGKILL are in tests/notebook/test_keep_kernels.py."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+
+import _actor_helpers as helpers
+import cloudpickle
+import psutil
+import pytest
+from _wait import running, wait_for
+
+import monarch_nb
+from monarch_nb import errors, kept, registry
+from monarch_nb.actors import mesh as actors
+from monarch_nb.actors import recover
+from monarch_nb.errors import ClusterError
+
+cloudpickle.register_pickle_by_value(helpers)
+NAME = "kept-test"
+
+
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory):
+    """A Jupyter runtime directory of this module's own: its kept clusters and registry."""
+    path = tmp_path_factory.mktemp("runtime")
+    saved = os.environ.get("JUPYTER_RUNTIME_DIR")
+    os.environ["JUPYTER_RUNTIME_DIR"] = str(path)
+    yield path
+    if saved is None:
+        del os.environ["JUPYTER_RUNTIME_DIR"]
+    else:
+        os.environ["JUPYTER_RUNTIME_DIR"] = saved
+
+
+@pytest.fixture(scope="module")
+def held(runtime):
+    """A kept 2-rank cluster with a dp=2 mesh; ``held["ctl"]`` is whichever controller holds it
+    now (the tests hand it on)."""
+    ctl = monarch_nb.up(workers=2, cpu=True, keep="10m", name=NAME, mesh="dp=2", current=False)
+    box = {"ctl": ctl, "host": ctl.kept["pid"]}
+    yield box
+    if not box["ctl"].closed:
+        box["ctl"].down()
+
+
+def cluster_processes(host: int) -> list[int]:
+    """The host and every process it started: its forkserver, the workers, their keepers."""
+    return [host, *(p.pid for p in psutil.Process(host).children(recursive=True))]
+
+
+@pytest.fixture
+def current_is(shell):
+    """``current_is(ctl)``: the magics drive ``ctl`` for the test; the current one is put back."""
+    saved = errors.current()
+    yield errors.set_current
+    errors.set_current(saved)
+
+
+def test_a_detached_cluster_is_attached_again_with_every_ranks_state(held, cell, current_is):
+    ctl = held["ctl"]
+    assert ctl.kept["name"] == NAME and ctl.dist_backend == "gloo"
+    ctl.run("x = rank * 10\nimport torch.distributed as dist\nworld = dist.group.WORLD\nm0 = mesh")
+    counters = actors.proc_mesh(ctl).spawn("counters", helpers.Counter, 5)
+    assert counters.incr.call(1).get(timeout=30).values() == [6, 6]
+    processes = cluster_processes(held["host"])
+    assert len(processes) >= 3  # the host, its forkserver, two workers (and their keepers)
+
+    ctl.detach()
+    assert ctl.closed and kept.find(NAME)["holder"] is None
+    with pytest.raises(ClusterError, match=r"^detached: .* its actors live on: %monarch attach"):
+        counters.incr.call(1)
+
+    again = held["ctl"] = monarch_nb.attach(NAME, current=False)
+    assert again.pull("x").values() == [0, 10]
+    # the same group and mesh objects: what a model was wrapped or sharded with still works
+    assert again.run("world is dist.group.WORLD and m0 is mesh").values() == [True, True]
+    assert again.run("dist.all_reduce(t := __import__('torch').ones(1)); t.item()").values() == [
+        2.0,
+        2.0,
+    ]
+    assert (again.dist_backend, again.mesh_shape) == ("gloo", {"dp": 2})
+    (live,) = recover.live_meshes(again)
+    assert (live.name, live.info[0], live.held, sorted(live.points)) == (
+        "counters",
+        "Counter",
+        "no one",
+        [0, 1],
+    )
+    handle = monarch_nb.actor_mesh("counters", again)
+    assert handle.incr.call(1).get(timeout=30).values() == [7, 7]  # the same actors, counting
+    assert recover.live_meshes(again)[0].held == "this notebook"
+    again.push({"y": 3})
+    assert again.pull("y").values() == [3, 3]
+    assert len(again.stacks().ranks) == 2
+    assert again.id in {e["id"] for e in registry.list_entries()}  # the sidebar lists it
+    assert running(processes) == processes  # nothing was restarted
+    # it listens where a local cluster does: loopback only (scheduler, dashboard, nannies in
+    # the host; workers, engines, the process group's store and pairs on the ranks)
+    pids = [held["host"], *(row["pid"] for row in again.status())]
+    for pid in pids:
+        ips = {c.laddr.ip for c in psutil.Process(pid).net_connections("inet") if not c.raddr}
+        assert ips and all(ipaddress.ip_address(ip).is_loopback for ip in ips), (pid, ips)
+    with pytest.raises(ValueError, match=r"no live actor mesh is named 'nope' .*there: counters"):
+        monarch_nb.actor_mesh("nope", again)
+    current_is(again)  # the magics: %monarch actors, and a cell with its live panel
+    cell("%monarch actors")
+    row = ["counters", "Counter", "2", "ranks", "0-1", "this", "notebook"]
+    assert cell.out.splitlines()[1].split() == row
+    assert cell("%%monarch\nimport time; time.sleep(1.5)\nx + y").values() == [3, 13]
+
+
+def test_a_second_controller_is_refused_and_take_detaches_the_first(held):
+    first = held["ctl"]
+    with pytest.raises(ClusterError) as refused:
+        monarch_nb.attach(NAME, current=False)
+    holder = f"process {os.getpid()} (not a Jupyter kernel)"  # in a kernel, its id (and notebook)
+    assert str(refused.value).startswith(f"kept cluster {NAME} is attached to {holder}; ")
+    assert str(refused.value).endswith(
+        f"%monarch attach {NAME} --take detaches it there and attaches here"
+    )
+    assert first.pull("x").values() == [0, 10]  # left as it was
+
+    second = held["ctl"] = monarch_nb.attach(NAME, take=True, current=False)
+    assert wait_for(lambda: first.closed, timeout=60)
+    with pytest.raises(
+        ClusterError, match=rf"took kept cluster {NAME} over \(%monarch attach --take\)"
+    ):
+        first.run("1")
+    assert second.pull("x").values() == [0, 10]
+
+
+def test_a_kept_cluster_scales_through_its_host(held):
+    ctl = held["ctl"]
+    done = ctl.scale(4)
+    assert done.joined == (2, 3) and ctl.mesh_shape == {"dp": 4}
+    assert kept.find(NAME)["ranks"] == 4
+    ctl.scale(2)
+    assert ctl.pull("x").values() == [0, 10] and kept.find(NAME)["ranks"] == 2
+
+
+def test_mistakes_are_one_line_and_start_nothing(held, runtime):
+    before = kept.entries()
+    for kwargs, message in [
+        ({"keep": "soon"}, "--keep takes an idle limit such as 90s, 30m, 2h or 1d"),
+        ({"keep": 0}, "the idle limit must be more than 0 seconds"),
+        ({"name": "x"}, "--name names a kept cluster: add --keep"),
+        ({"keep": True, "name": NAME}, f"a kept cluster named {NAME} is running"),
+        ({"keep": True, "name": "../x"}, "--name '../x': use up to 64 letters"),
+    ]:
+        with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+            monarch_nb.up(workers=1, cpu=True, current=False, **kwargs)
+    with pytest.raises(
+        ClusterError, match=rf"no kept cluster is named nope \(running here: {NAME}\)"
+    ):
+        monarch_nb.attach("nope", current=False)
+    assert kept.entries() == before
+    # a file of the user's own naming the cluster's host but not its token: the host refuses
+    forged = {**before[0], "id": "f" * 32, "name": "forged", "token": "0" * 32}
+    kept.write(forged)
+    with pytest.raises(ClusterError, match="refused this kernel: the token is not this cluster's"):
+        monarch_nb.attach("forged", current=False)
+    kept.remove(forged["id"])
+
+
+def test_a_cluster_started_without_keep_refuses_to_detach(clean):
+    with pytest.raises(ClusterError, match="runs inside this kernel and goes with it"):
+        clean.detach()
+    assert not clean.closed and clean.run("rank").values() == [0, 1]
+
+
+def test_a_detached_tls_cluster_shuts_itself_down_after_its_idle_limit(held, runtime):
+    ctl = monarch_nb.up(
+        workers=1, cpu=True, keep=3, name="idle", tls=True, dist=False, current=False
+    )
+    assert ctl.kept["tls"] is not None and ctl.scheduler_address.startswith("tls://")
+    ctl.run("z = 42")
+    ctl.detach()
+    with pytest.raises(ClusterError, match=rf"2 kept clusters are running \({NAME}, idle\): name"):
+        monarch_nb.attach(current=False)
+    again = monarch_nb.attach("idle", current=False)  # with the certificate from its file
+    assert again.pull("z").values() == [42]
+    processes = cluster_processes(again.kept["pid"])
+    again.detach()
+    assert wait_for(lambda: not running(processes), timeout=120), running(processes)
+    log = kept.log_path(again.kept["id"]).read_text()
+    assert log.rstrip().endswith("shut down: no kernel held it for its idle limit of 3 s"), log
+    assert [e["name"] for e in kept.entries()] == [NAME]
+
+
+def test_down_shuts_the_host_and_every_process_down(held):
+    ctl = held["ctl"]
+    processes = cluster_processes(held["host"])
+    entry_id = ctl.kept["id"]
+    ctl.down()
+    assert wait_for(lambda: not running(processes), timeout=60), running(processes)
+    assert kept.entries() == [] and not (kept.kept_dir() / f"{entry_id}.json").exists()
+    assert not kept.log_path(entry_id).exists()  # asked for: nothing to read later
