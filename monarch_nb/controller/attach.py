@@ -171,11 +171,18 @@ def _replace(ctl: Controller, rank: int) -> None:
         )
 
 
-def replace(ctl: Controller, rank: int, old: RankInfo, deadline: float) -> bool:
+def replace(
+    ctl: Controller, rank: int, old: RankInfo, deadline: float, regroup: bool = True
+) -> bool:
     """Attach the worker that takes ``rank``'s place (the same name, another address or
     incarnation: a nanny's restart, a job ``%monarch scale`` submitted again) once it joins,
-    before ``deadline``; whether it did. Either of two waiters for one rank attaches it."""
-    while time.monotonic() < deadline and _still_lost(ctl, rank, old):
+    before ``deadline``; whether the rank has a worker again (the nanny's waiter and scale's
+    may both wait for one rank: either attaches it). ``regroup``: form the process group
+    again once it is attached (``scale`` forms it itself, after)."""
+    while time.monotonic() < deadline:
+        with ctl._replacing:
+            if not _still_lost(ctl, rank, old):
+                return _taken(ctl, rank, old)
         try:
             workers = ctl.client.scheduler_info(n_workers=-1)["workers"]
         except Exception:
@@ -183,32 +190,44 @@ def replace(ctl: Controller, rank: int, old: RankInfo, deadline: float) -> bool:
             return False
         for addr, w in workers.items():
             incarnation = w.get("local_directory", "")
-            if w.get("name", addr) == old.name and (addr, incarnation) != (
+            if w.get("name", addr) != old.name or (addr, incarnation) == (
                 old.address,
                 old.incarnation,
             ):
-                host = w.get("host", old.host)
-                info = RankInfo(rank, old.name, addr, host, old.local_rank, incarnation=incarnation)
-                with ctl._replacing:
-                    if not _still_lost(ctl, rank, old):
-                        return ctl.ranks[rank].alive
-                    ctl.ranks[rank] = info
+                continue
+            host = w.get("host", old.host)
+            info = RankInfo(rank, old.name, addr, host, old.local_rank, incarnation=incarnation)
+            with ctl._replacing:
+                if not _still_lost(ctl, rank, old):
+                    return _taken(ctl, rank, old)
+                ctl.ranks[rank] = info
                 try:
                     open_links(ctl, [info])
                 except Exception as e:
                     ctl._notice(f"rank {rank}: its replacement could not attach: {e}")
                     return False
-                ctl._notice(
-                    f"rank {rank}: a replacement worker took its place with an "
-                    "empty namespace (what the old one held is lost)"
-                )
+            ctl._notice(
+                f"rank {rank}: a replacement worker took its place with an "
+                "empty namespace (what the old one held is lost)"
+            )
+            if regroup:
                 ctl._form_group()
                 if ctl.dist_backend:
                     ctl._notice(f"the {ctl.dist_backend} process group was formed again")
-                code_sync.resend(ctl, [rank])
-                return True
+            code_sync.resend(ctl, [rank])
+            return True
         time.sleep(0.25)
     return False
+
+
+def _taken(ctl: Controller, rank: int, old: RankInfo) -> bool:
+    """``rank`` has a worker again, which another waiter attached."""
+    return (
+        not ctl.closed
+        and rank < len(ctl.ranks)
+        and ctl.ranks[rank] is not old
+        and (ctl.ranks[rank].alive)
+    )
 
 
 def _still_lost(ctl: Controller, rank: int, old: RankInfo) -> bool:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from monarch_nb import registry
 from monarch_nb.actors import mesh as actor_meshes
 from monarch_nb.actors import worker as actor_worker
-from monarch_nb.controller import attach, capacity, joining
+from monarch_nb.controller import attach, capacity, joining, relaunch
 from monarch_nb.controller import cluster as clusters
 from monarch_nb.controller import mesh as device_mesh
 from monarch_nb.controller import sync as code_sync
@@ -96,7 +96,10 @@ def scale(ctl: Controller, n: int, wait: float | None = None) -> Scaled:
         return Scaled(n, backend=ctl.dist_backend)
     joined: list[int] = []
     left: list[int] = []
-    replaced = _start_again(ctl, lost, wait) if lost else []
+    replaced: list[int] = []
+    if lost:  # workers gone that nothing replaced: started again under their names
+        until = (LOCAL_WAIT if _ours(ctl.cluster) else JOBS_WAIT) if wait is None else wait
+        replaced = relaunch.start_again(ctl, lost, until)
     if n > before:
         joined = _grow(ctl, n, wait)
     else:
@@ -159,40 +162,6 @@ def _check(ctl: Controller, n: int) -> None:
             f"a %%monarch cell is running on {format_ranks(busy)}; scale once it has ended "
             "(handle.wait() waits for a --noblock one, %monarch interrupt stops it)"
         )
-
-
-# -- lost ranks ---------------------------------------------------------------------------------
-def _start_again(ctl: Controller, ranks: list[int], wait: float | None) -> list[int]:
-    """Workers for ranks whose worker is gone and was not replaced (a batch job whose node
-    died: no nanny starts it again), under their names, so each takes its rank's place as a
-    nanny's replacement does (attach.py). A SpecCluster (``up``'s, dask-jobqueue's) drops the
-    lost worker's spec and adds it back, which starts a new worker or job."""
-    from distributed import SpecCluster
-
-    cluster = ctl.cluster
-    olds = {rank: ctl.ranks[rank] for rank in ranks}
-    specs = getattr(cluster, "worker_spec", None) or {}
-    missing = [r for r, info in olds.items() if info.name not in specs]
-    if not isinstance(cluster, SpecCluster) or missing:
-        raise ClusterError(
-            f"{format_ranks(missing or ranks)} lost {'its' if len(ranks) == 1 else 'their'} "
-            f"worker and the cluster ({type(cluster).__name__}) cannot start one under its name; "
-            "%monarch restart starts fresh workers for every rank"
-        )
-    for info in olds.values():
-        spec = specs[info.name]
-        cluster.sync(cluster.scale_down, [info.name])  # closes what is left of the old one
-        cluster.worker_spec[info.name] = spec
-    cluster.sync(cluster._correct_state)
-    wait = (LOCAL_WAIT if _ours(cluster) else JOBS_WAIT) if wait is None else wait
-    deadline = time.monotonic() + wait
-    late = [r for r, info in olds.items() if not attach.replace(ctl, r, info, deadline)]
-    if late:
-        raise ClusterError(
-            f"no new worker for {format_ranks(late)} joined within {wait:g} s (wait=S waits "
-            "longer; the cluster's log says why a worker or job did not start)"
-        )
-    return ranks
 
 
 # -- growing ------------------------------------------------------------------------------------
