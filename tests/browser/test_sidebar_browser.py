@@ -166,6 +166,21 @@ def test_the_sidebar_lists_the_cluster_with_a_bar_per_rank_and_a_loss_line(lab, 
         dialog.locator(".jp-mod-warn").click()
         expect(item).to_have_count(0, timeout=30_000)
         expect(sidebar.locator(".monarch-ClusterList .monarch-empty")).to_be_visible()
+
+        # a kept cluster no kernel holds: listed as detached, and shut down from here
+        kernel.run(
+            "monarch_nb.up(workers=1, cpu=True, dist=False, keep='10m', name='kept-demo', "
+            "current=False).detach()"
+        )
+        kept = sidebar.locator('.monarch-kept:has-text("kept-demo")')
+        expect(kept).to_contain_text("kept-demo · detached", timeout=30_000)
+        expect(kept).to_contain_text("1 rank")
+        page.screenshot(path=str(ARTIFACTS / "sidebar-detached.png"))
+        kept.locator(".monarch-kept-shutdown").click()
+        expect(dialog).to_contain_text("Shut kept-demo down?")
+        dialog.locator(".jp-mod-warn").click()
+        expect(kept).to_have_count(0, timeout=30_000)
+    assert lab.api("monarch/api/kept")["kept"] == []
     assert lab.api("monarch/api/clusters")["clusters"] == []
 
 
