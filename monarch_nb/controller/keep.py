@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from monarch_nb import kept, registry
 from monarch_nb.controller import hosting, lifecycle
 from monarch_nb.controller.targets import format_ranks
-from monarch_nb.errors import ClusterError
+from monarch_nb.errors import ClusterError, current
 
 if TYPE_CHECKING:
     from monarch_nb.controller.controller import Controller
@@ -171,6 +171,7 @@ def _let_go(ctl: Controller, why: str) -> None:
     from monarch_nb.actors import mesh as actors
 
     name = ctl.kept["name"]
+    drives_the_magics = current() is ctl  # a controller of a script's own is not the notebook's
     actors.close(
         ctl,
         f"detached: {why}; its actors live on: %monarch attach {name}, then "
@@ -181,7 +182,7 @@ def _let_go(ctl: Controller, why: str) -> None:
         lifecycle.down(ctl)
     except Exception as e:  # the cluster is let go of all the same
         print(f"monarch-nb: letting go of {name}: {e}", file=sys.stderr)
-    if ctl.taken:
+    if ctl.taken and drives_the_magics:
         _taken.append(ctl.taken)
 
 
