@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
+from monarch_nb import wire
 from monarch_nb.controller import gathering, prompting, unanswered
 from monarch_nb.controller.dist import regroup_after_interrupt
 from monarch_nb.controller.links import Request
@@ -63,14 +64,18 @@ def submit(
     req.send = lambda rank, msg: _link(ctl, req, rank) and ctl._links[rank].send(msg)
     req.reader = ctl._reader
     ctl._router.add(req)
+    body = {**(msg or {}), "id": req.id}
+    # the same bytes for every rank: pickled once, not once per rank
+    framed = wire.frame(body) if per_rank is None and kind != "info" else None
     for rank in ranks:
         if not _link(ctl, req, rank):
             continue
-        body = {**(msg or {}), **((per_rank or {}).get(rank, {})), "id": req.id}
+        if per_rank is not None:
+            body = {**(msg or {}), **per_rank.get(rank, {}), "id": req.id}
         if kind == "info":  # answered on the worker's event loop, even by a busy rank
             ctl._loop.call_soon_threadsafe(ctl._links[rank].control, body)
         else:
-            ctl._links[rank].send(body)
+            ctl._links[rank].send(body, framed)
     return req
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from distributed.comm import CommClosedError, connect
 
-from monarch_nb.wire import FrameConn, Writer, connect_local
+from monarch_nb.wire import FrameConn, Writer, connect_local, frame
 
 _ids = itertools.count(1)
 TLS_HANDSHAKE_TIMEOUT = 10.0  # seconds; the engine gives up on its side after 5
@@ -81,21 +81,28 @@ class Router:
             self._requests[request.id] = request
 
     def deliver(self, rank: int, ev: dict[str, Any]) -> None:
-        if ev["ev"] == "comm":  # a widget's, whichever cell (if any) it came in
+        kind = ev["ev"]
+        if kind == "comm":  # a widget's, whichever cell (if any) it came in
             if self.comms is not None:
                 self.comms.deliver(rank, ev)
             return
-        if ev["ev"] == "done" and self.comms is not None:
-            self.comms.flush()  # the rank's widgets show their last state before its end
-        with self._lock:
-            req = self._requests.get(ev["id"])
+        if kind == "done":
+            if self.comms is not None and self.comms.holding:
+                self.comms.flush()  # the rank's widgets show their last state before its end
+            with self._lock:
+                req = self._requests.get(ev["id"])
+                if req is None:
+                    return
+                req.status[rank] = ev["status"]
+                remaining = req.remaining
+                remaining.discard(rank)
+                if not remaining:
+                    del self._requests[req.id]
+        else:
+            with self._lock:
+                req = self._requests.get(ev["id"])
             if req is None:
                 return
-            if ev["ev"] == "done":
-                req.status[rank] = ev["status"]
-                req.remaining.discard(rank)
-                if not req.remaining:
-                    del self._requests[req.id]
         req.last_event = time.monotonic()
         req.events.put((rank, ev))
 
@@ -200,12 +207,13 @@ class Link:
         if self.on_lost is not None and not self.closing:
             self.on_lost(self.info.rank, why)
 
-    def send(self, msg: dict[str, Any]) -> None:
-        """A request on the data path (any thread)."""
+    def send(self, msg: dict[str, Any], framed: tuple[bytes, ...] | None = None) -> None:
+        """A request on the data path (any thread); ``framed``: ``msg`` already pickled by
+        ``wire.frame`` (once for every rank it goes to)."""
         try:
             if self.conn is None or self._gone:
                 raise ConnectionError("not connected")
-            self.conn.post(msg)  # never blocks: see FrameConn.post
+            self.conn.post_frame(framed or frame(msg))  # never blocks: see FrameConn.post
             self.last_sent = msg.get("id", self.last_sent)
         except OSError as e:
             self.router.deliver(
