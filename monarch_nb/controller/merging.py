@@ -32,31 +32,32 @@ def shape(text: str) -> str:
     return _NUMBER.sub("\0", text)
 
 
-def merge(texts: dict[int, str]) -> list[tuple[list[int], str]]:
+def merge(texts: dict[int, str], apart: bool = True) -> list[tuple[list[int], str]]:
     """One shape's lines by rank, as the lines to show: ``(ranks, text)``, the ranks whose
     numbers lie together first (with each number that differs shown as ``low..high``), then
-    the ranks that lie apart, those with the same line together."""
+    the ranks that lie apart, those with the same line together (``apart=False``: none does,
+    for numbers such as pids)."""
     if len(set(texts.values())) == 1:
         return [(sorted(texts), next(iter(texts.values())))]
     parts = {rank: _NUMBER.split(text) for rank, text in texts.items()}
     numbers = {rank: _NUMBER.findall(text) for rank, text in texts.items()}
     words = next(iter(parts.values()))
     slots = len(words) - 1
-    apart: set[int] = set()
-    for slot in range(slots):
+    alone: set[int] = set()
+    for slot in range(slots if apart else 0):
         values = {rank: float(found[slot]) for rank, found in numbers.items()}
-        apart |= far_apart(values)
-    body = sorted(r for r in texts if r not in apart)
+        alone |= far_apart(values)
+    body = sorted(r for r in texts if r not in alone)
     out = []
     if body:
         text = words[0]
         for slot in range(slots):
             text += _span([numbers[r][slot] for r in body]) + words[slot + 1]
         out.append((body, text))
-    alone: dict[str, list[int]] = {}
-    for rank in sorted(apart):
-        alone.setdefault(texts[rank], []).append(rank)
-    out.extend((ranks, text) for text, ranks in alone.items())
+    same: dict[str, list[int]] = {}
+    for rank in sorted(alone):
+        same.setdefault(texts[rank], []).append(rank)
+    out.extend((ranks, text) for text, ranks in same.items())
     return out
 
 
