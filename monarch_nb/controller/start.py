@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from monarch_nb.controller import certificates, forkserver, joining, script_guard
+from monarch_nb.controller import capacity, certificates, forkserver, joining, script_guard
 from monarch_nb.controller import cluster as clusters
 from monarch_nb.controller import mesh as device_mesh
 from monarch_nb.controller.results import Interrupted
@@ -82,6 +82,8 @@ def up(
     if shape is not None:
         workers = _mesh_workers(shape, workers, dist)
     with _only_one(current):
+        if workers is not None and workers > 0:  # before a plan per rank of a size never met
+            capacity.check(0, workers, local=True, up=True)
         plans = clusters.plan_workers(
             clusters.detect_gpus(), workers=workers, cpu=cpu, threads=threads
         )
