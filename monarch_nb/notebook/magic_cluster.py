@@ -59,7 +59,8 @@ def _table(rows: list[dict[str, Any]], columns: list[str], every: bool = False) 
     grouped, kept = rank_groups.group(rows, columns)
     return (
         format_table(grouped, kept)
-        + f"\n({len(rows)} ranks in {len(grouped)} rows of ranks alike; "
+        + f"\n({len(rows)} ranks in {len(grouped)} row{'s' if len(grouped) > 1 else ''} "
+        "of ranks alike; "
         "%monarch status --ranks shows a row per rank, with its pid)"
     )
 
