@@ -142,7 +142,7 @@ def test_a_size_the_machine_cannot_hold_is_refused_before_anything_starts(clean,
         assert isinstance(cell.error, UsageError) and "\n" not in message
         assert re.fullmatch(
             rf"scale {n} is more than this machine can hold: {n - 2} new ranks need about "
-            r"[^;]+ \(\d+ \w+ each\), and [^;]+; scale to \d+ at most",
+            r"[^;]+ \(\d+( \w+)? each\), and [^;]+; scale to \d+ at most",
             message,
         ), message
         assert dict(clean.cluster.worker_spec) == specs and clean.world_size == 2
@@ -162,7 +162,7 @@ def test_up_of_more_ranks_than_the_machine_holds_is_refused_before_anything_star
         assert isinstance(cell.error, UsageError) and "\n" not in message
         assert re.fullmatch(
             rf"up --workers {n} is more than this machine can hold: {n} new ranks need about "
-            r"[^;]+ \(\d+ \w+ each\), and [^;]+; --workers \d+ at most",
+            r"[^;]+ \(\d+( \w+)? each\), and [^;]+; --workers \d+ at most",
             message,
         ), message
         assert errors.current() is None

@@ -6,6 +6,7 @@ Slurm is not installed or the test is not root."""
 from __future__ import annotations
 
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -22,7 +23,13 @@ def slurm():
     reason = why_not()
     if reason:
         pytest.skip(reason)
-    pytest.importorskip("dask_jobqueue", reason="dask-jobqueue is not installed (the dev extra)")
+    # dask_jobqueue's runner module makes SIGINT exit the process as it is imported: the
+    # suite's later Ctrl-C tests need Python's own handler back
+    sigint = signal.getsignal(signal.SIGINT)
+    try:
+        pytest.importorskip("dask_jobqueue", reason="dask-jobqueue is not installed (dev extra)")
+    finally:
+        signal.signal(signal.SIGINT, sigint)
     s = Slurm()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SLURM_CONF", str(s.conf))  # for scontrol, sbatch and squeue
