@@ -16,7 +16,7 @@ import cloudpickle
 from monarch_nb import wire
 from monarch_nb.controller import gathering, prompting, unanswered
 from monarch_nb.controller.dist import regroup_after_interrupt
-from monarch_nb.controller.links import Request
+from monarch_nb.controller.links import Request, new_id
 from monarch_nb.controller.output import Renderer
 from monarch_nb.controller.results import CellError, Interrupted, ValueMesh
 from monarch_nb.controller.targets import format_ranks
@@ -230,7 +230,9 @@ def send_interrupt(ctl: Controller, ranks: Iterable[int], target: str | None = N
             link = ctl._links.get(rank)
             if link is None:  # nothing of ours runs there: see _link
                 continue
-            msg = {"op": "interrupt", "target": target, "sent": link.last_sent}
+            key = new_id("interrupt")  # one press, by two paths: acted on once
+            msg = {"op": "interrupt", "target": target, "sent": link.last_sent, "key": key}
+            link.interrupt_here(msg)
             ctl._loop.call_soon_threadsafe(link.control, msg)
     except RuntimeError:  # the client's event loop is closed: the client is gone
         raise ClusterError(ctl._scheduler_gone()) from None

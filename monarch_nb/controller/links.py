@@ -158,6 +158,8 @@ class Link:
         self.on_lost = on_lost  # called with (rank, why) when the worker goes away
         self.closing = False
         self.comm = None
+        self.controller: str | None = None
+        self.hello: dict[str, Any] | None = None  # where the engine listens, and its token
         self.writer: Writer | None = None
         self.conn: FrameConn | None = None
         self.reader: asyncio.Future | None = None
@@ -173,6 +175,7 @@ class Link:
         self.comm = await connect(self.info.address, **connection_args)
         await self.comm.write({"op": "monarch_attach", "reply": False, "controller": controller})
         hello = await self.comm.read()
+        self.controller, self.hello = controller, hello
         self.writer = Writer(self.comm)
         sock = await _connect_data(self.info.address, hello)
         ssl_context = connection_args.get("ssl_context")
@@ -220,6 +223,27 @@ class Link:
                 self.info.rank,
                 {"ev": "done", "id": msg.get("id", ""), "status": "lost", "why": str(e)},
             )
+
+    def interrupt_here(self, msg: dict[str, Any]) -> None:
+        """An interrupt straight to an engine on this host, from the calling thread, on a
+        connection of its own that the worker's accepting thread reads (engine_io.py): the
+        control comm's path waits for this process's event loop, which the scheduler and the
+        nannies of a local cluster share, and which a machine full of busy ranks starves for
+        seconds. Best effort: the same interrupt goes on the control comm too (the engine acts
+        on its ``key`` once), which keeps it ahead of what is asked after it there."""
+        hello = self.hello or {}
+        sock = connect_local(hello, timeout=0.0)
+        if sock is None:  # another host, TLS, or a listener that takes no more
+            return
+        try:
+            sock.setblocking(False)  # a few hundred bytes into an empty socket, or nothing
+            FrameConn(sock).send(
+                {"controller": self.controller, "token": hello["token"], "interrupt": msg}
+            )
+        except OSError:
+            pass
+        finally:
+            sock.close()
 
     def control(self, msg: dict[str, Any]) -> None:
         """A control message (interrupt, info); runs on the client's event loop."""
