@@ -62,6 +62,8 @@ bench: setup
 	$(PY) benchmarks/bench_stacks.py
 	$(PY) benchmarks/bench_scale.py
 	$(PY) benchmarks/bench_sync.py
+	$(PY) benchmarks/bench_ranks.py
+	$(PY) benchmarks/controller_path.py
 	$(PY) -m monarch_kernels.bench
 
 clean:

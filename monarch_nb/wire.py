@@ -103,6 +103,15 @@ def _scratch() -> memoryview:
     return buf
 
 
+def frame(msg: Any) -> tuple[bytes, ...]:
+    """``msg`` pickled behind its length, as ``FrameConn.post_frame`` sends it."""
+    data = pickle.dumps(msg, protocol=5)
+    if len(data) < 65536:
+        # one send, so one segment: the header alone would wake the reader for nothing
+        return (HEADER.pack(len(data)) + data,)
+    return HEADER.pack(len(data)), data
+
+
 class FrameConn:
     """Pickled messages, each behind an 8-byte length, over a plain or TLS socket.
 
@@ -171,30 +180,30 @@ class FrameConn:
         other side's thread is busy and its buffer full, or its process is stopped) is written
         by a thread of its own, in order: a caller left blocked could only be stopped by
         Ctrl-C, and a frame cut in the middle makes every later message unreadable."""
-        data = pickle.dumps(msg, protocol=5)
-        if len(data) < 65536:
-            # one send, so one segment: the header alone would wake the reader for nothing
-            frame = [memoryview(HEADER.pack(len(data)) + data)]
-        else:
-            frame = [memoryview(HEADER.pack(len(data))), memoryview(data)]
+        self.post_frame(frame(msg))
+
+    def post_frame(self, parts: tuple[bytes, ...]) -> None:
+        """``post`` of a message already framed (``frame``): a request to many ranks is
+        pickled once, not once per rank."""
         with self.lock:
-            if not self._unsent:
-                while frame:
-                    try:
-                        n = self._send_now(frame[0])
-                    except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError):
-                        break
-                    except ssl.SSLWantReadError:  # it needs the reading side: the thread waits
-                        break
-                    frame[0] = frame[0][n:]
-                    if not len(frame[0]):
-                        frame.pop(0)
-                if not frame:
-                    return
-                threading.Thread(
-                    target=self._write_unsent, daemon=True, name="monarch-post"
-                ).start()
-            self._unsent.extend(frame)
+            if self._unsent:  # the writing thread is behind: after what it has
+                self._unsent.extend(memoryview(part) for part in parts)
+                return
+            left = [memoryview(part) for part in parts]
+            while left:
+                try:
+                    n = self._send_now(left[0])
+                except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError):
+                    break
+                except ssl.SSLWantReadError:  # it needs the reading side: the thread waits
+                    break
+                left[0] = left[0][n:]
+                if not len(left[0]):
+                    left.pop(0)
+            if not left:
+                return
+            threading.Thread(target=self._write_unsent, daemon=True, name="monarch-post").start()
+            self._unsent.extend(left)
 
     def _send_now(self, chunk) -> int:
         """Write what the socket takes of ``chunk`` without waiting. A TLS socket is
@@ -239,16 +248,12 @@ class FrameConn:
                 return []
             if not got:
                 return None
+            if not self._buf:  # the usual case: whole messages, read where they landed
+                out, start = _unframe(scratch, got)
+                self._buf += scratch[start:got]
+                return out
             self._buf += scratch[:got]
-        out = []
-        view = self._buf
-        start = 0
-        while len(view) - start >= HEADER.size:
-            (n,) = HEADER.unpack_from(view, start)
-            if len(view) - start - HEADER.size < n:
-                break
-            out.append(pickle.loads(view[start + HEADER.size : start + HEADER.size + n]))
-            start += HEADER.size + n
+        out, start = _unframe(self._buf, len(self._buf))
         if start:
             del self._buf[:start]
         return out
@@ -296,6 +301,20 @@ class FrameConn:
         self.shutdown()
         with contextlib.suppress(OSError):
             self.sock.close()
+
+
+def _unframe(buf, end: int) -> tuple[list[Any], int]:
+    """The whole messages in ``buf[:end]``, and where the first incomplete one starts."""
+    out = []
+    start = 0
+    size = HEADER.size
+    while end - start >= size:
+        (n,) = HEADER.unpack_from(buf, start)
+        if end - start - size < n:
+            break
+        out.append(pickle.loads(buf[start + size : start + size + n]))
+        start += size + n
+    return out, start
 
 
 def _wait(sock: socket.socket, events: int, timeout: float) -> bool:

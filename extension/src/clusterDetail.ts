@@ -3,6 +3,7 @@ import { PanelLayout, Widget } from '@lumino/widgets';
 
 import { BarChart } from './barChart';
 import { el } from './format';
+import { GROUP_RANKS, HostGroups } from './hostGroups';
 import { LossChart } from './lossChart';
 import { RankTable } from './rankTable';
 import { ICluster, IMetrics } from './types';
@@ -28,6 +29,7 @@ export class ClusterDetail extends Widget {
     layout.addWidget(this._mem);
     layout.addWidget(this._loss);
     layout.addWidget(this._ranks);
+    layout.addWidget(this._hosts);
     this.showCluster(null);
   }
 
@@ -78,10 +80,19 @@ export class ClusterDetail extends Widget {
     this._dashboard.disabled = !this._cluster?.dashboard_url;
     const n = metrics.ranks.length;
     this._setState('up', `${n} rank${n === 1 ? '' : 's'} up`);
-    this._util.render(metrics.ranks);
-    this._mem.render(metrics.ranks);
+    // many ranks: grouped by host instead of a bar and a row per rank
+    const grouped = n >= GROUP_RANKS;
+    for (const part of [this._util, this._mem, this._ranks]) {
+      part.setHidden(grouped);
+      if (!grouped) {
+        part.render(metrics.ranks);
+      }
+    }
+    this._hosts.setHidden(!grouped);
+    if (grouped) {
+      this._hosts.render(metrics.ranks);
+    }
     this._loss.render(metrics.loss);
-    this._ranks.render(metrics.ranks);
   }
 
   error(message: string): void {
@@ -115,5 +126,6 @@ export class ClusterDetail extends Widget {
   private _mem = new BarChart('mem');
   private _loss = new LossChart();
   private _ranks = new RankTable();
+  private _hosts = new HostGroups();
   private _action = new Signal<this, DetailAction>(this);
 }

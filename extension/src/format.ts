@@ -44,3 +44,19 @@ export function el<K extends keyof HTMLElementTagNameMap>(
   }
   return node;
 }
+
+/** Ranks as runs, as the notebook writes them: [0, 1, 2, 5] -> "0-2,5". */
+export function compactRanks(ranks: number[]): string {
+  const sorted = [...ranks].sort((a, b) => a - b);
+  const runs: string[] = [];
+  let i = 0;
+  while (i < sorted.length) {
+    let j = i;
+    while (j + 1 < sorted.length && sorted[j + 1] === sorted[j] + 1) {
+      j++;
+    }
+    runs.push(j > i ? `${sorted[i]}-${sorted[j]}` : String(sorted[i]));
+    i = j + 1;
+  }
+  return runs.join(',');
+}

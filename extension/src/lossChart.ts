@@ -7,6 +7,7 @@ const SVG = 'http://www.w3.org/2000/svg';
 const W = 300; // the chart's own coordinates; the SVG scales to the sidebar's width
 const H = 120;
 const PAD = 4;
+const LEGEND_RANKS = 16;
 
 /** The loss against the step, one line per rank, with the ranges on the axes. */
 export class LossChart extends Widget {
@@ -62,6 +63,8 @@ export class LossChart extends Widget {
       }
     }
     this._legend.textContent = '';
+    // past a screenful of names, a line says its rank on hover instead
+    this._legend.hidden = shown.length >= LEGEND_RANKS;
     for (const s of shown) {
       const key = String(s.rank);
       let line = this._lines.get(key);
@@ -72,6 +75,9 @@ export class LossChart extends Widget {
         line.setAttribute('fill', 'none');
         line.setAttribute('stroke-width', '2');
         line.setAttribute('vector-effect', 'non-scaling-stroke');
+        const title = document.createElementNS(SVG, 'title'); // which rank, on hover
+        title.textContent = rankName(s.rank);
+        line.appendChild(title);
         this._svg.appendChild(line);
         this._lines.set(key, line);
       }

@@ -1,9 +1,10 @@
-"""How many ranks a ``%monarch scale`` may add before anything starts: the ranks of a local
-cluster need memory and processes on this machine, and every rank needs open files in this
-kernel (its links; a local cluster's nannies and scheduler live here too). A size past any of
-them is refused in one line that gives the estimate. ``scale 10000`` used to start a nanny per
-rank until the kernel ran out of descriptors; its event loop then logged the same traceback on
-every turn, for minutes, into the cell, and the ranks there stopped answering."""
+"""How many ranks a ``%monarch scale`` may add, or ``%monarch up`` start, before anything
+starts: the ranks of a local cluster need memory and processes on this machine, and every rank
+needs open files in this kernel (its links; a local cluster's nannies and scheduler live here
+too). A size past any of them is refused in one line that gives the estimate. ``scale 10000``
+used to start a nanny per rank until the kernel ran out of descriptors; its event loop then
+logged the same traceback on every turn, for minutes, into the cell, and the ranks there
+stopped answering."""
 
 from __future__ import annotations
 
@@ -30,10 +31,11 @@ LOCAL_RANK_FILES = 14
 REMOTE_RANK_FILES = 6
 
 
-def check(before: int, n: int, local: bool) -> None:
+def check(before: int, n: int, local: bool, up: bool = False) -> None:
     """Refuse growing from ``before`` to ``n`` ranks (ValueError, one line) where the new ranks
     would not fit: memory and processes on this machine for a ``local`` cluster's ranks, and,
-    for any cluster, open files in this kernel. The tightest limit is the one named."""
+    for any cluster, open files in this kernel. The tightest limit is the one named. ``up``:
+    said of ``up --workers n`` rather than ``scale n``."""
     new = n - before
     if new <= 0:
         return
@@ -43,12 +45,17 @@ def check(before: int, n: int, local: bool) -> None:
     most, why = min((limit for limit in limits if limit is not None), default=(new, ""))
     if new <= most:
         return
-    fit = (
-        f"scale to {before + most} at most"
-        if most > 0
-        else f"no more ranks fit: the cluster stays at {before}"
-    )
-    raise ValueError(f"scale {n} is more than this machine can hold: {why}; {fit}")
+    if up:
+        asked = f"up --workers {n}"
+        fit = f"--workers {most} at most" if most > 0 else "no rank fits"
+    else:
+        asked = f"scale {n}"
+        fit = (
+            f"scale to {before + most} at most"
+            if most > 0
+            else f"no more ranks fit: the cluster stays at {before}"
+        )
+    raise ValueError(f"{asked} is more than this machine can hold: {why}; {fit}")
 
 
 def _memory(new: int) -> tuple[int, str]:

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
+from monarch_nb import wire
 from monarch_nb.controller import gathering, prompting, unanswered
 from monarch_nb.controller.dist import regroup_after_interrupt
-from monarch_nb.controller.links import Request
+from monarch_nb.controller.links import Request, new_id
 from monarch_nb.controller.output import Renderer
 from monarch_nb.controller.results import CellError, Interrupted, ValueMesh
 from monarch_nb.controller.targets import format_ranks
@@ -63,14 +64,18 @@ def submit(
     req.send = lambda rank, msg: _link(ctl, req, rank) and ctl._links[rank].send(msg)
     req.reader = ctl._reader
     ctl._router.add(req)
+    body = {**(msg or {}), "id": req.id}
+    # the same bytes for every rank: pickled once, not once per rank
+    framed = wire.frame(body) if per_rank is None and kind != "info" else None
     for rank in ranks:
         if not _link(ctl, req, rank):
             continue
-        body = {**(msg or {}), **((per_rank or {}).get(rank, {})), "id": req.id}
+        if per_rank is not None:
+            body = {**(msg or {}), **per_rank.get(rank, {}), "id": req.id}
         if kind == "info":  # answered on the worker's event loop, even by a busy rank
             ctl._loop.call_soon_threadsafe(ctl._links[rank].control, body)
         else:
-            ctl._links[rank].send(body)
+            ctl._links[rank].send(body, framed)
     return req
 
 
@@ -225,7 +230,9 @@ def send_interrupt(ctl: Controller, ranks: Iterable[int], target: str | None = N
             link = ctl._links.get(rank)
             if link is None:  # nothing of ours runs there: see _link
                 continue
-            msg = {"op": "interrupt", "target": target, "sent": link.last_sent}
+            key = new_id("interrupt")  # one press, by two paths: acted on once
+            msg = {"op": "interrupt", "target": target, "sent": link.last_sent, "key": key}
+            link.interrupt_here(msg)
             ctl._loop.call_soon_threadsafe(link.control, msg)
     except RuntimeError:  # the client's event loop is closed: the client is gone
         raise ClusterError(ctl._scheduler_gone()) from None

@@ -49,26 +49,28 @@ def gather(
     last = time.monotonic()
     background = threading.current_thread() is not threading.main_thread()
     borrow = req.reader.borrow() if req.reader is not None else contextlib.nullcontext()
+    ranks, events, backlog = len(req.ranks), req.events, req.backlog
+    never = float("inf") if deadline is None else deadline
     try:
         with borrow:
-            while len(outcomes) < len(req.ranks):
+            while len(outcomes) < ranks:
                 if stop is not None and stop.is_set():
                     raise KeyboardInterrupt
-                now = time.monotonic()
-                until = min(
-                    deadline if deadline is not None else float("inf"),
-                    last + quiet if quiet is not None else float("inf"),
-                )
-                if now >= until:
+                if last >= never:  # the previous event's time: a flood of output still ends
                     raise TimeoutError
                 try:
-                    if req.backlog:
-                        rank, ev = req.backlog.popleft()
-                    else:
-                        rank, ev = next_event(req.events, min(0.1, until - now))
+                    # what has arrived is taken at once (at 64 ranks, 64 times per cell)
+                    rank, ev = backlog.popleft() if backlog else events.get_nowait()
                 except queue.Empty:
-                    renderer.tick()
-                    continue
+                    now = time.monotonic()
+                    until = never if quiet is None else min(never, last + quiet)
+                    if now >= until:
+                        raise TimeoutError from None
+                    try:
+                        rank, ev = next_event(events, min(0.1, until - now))
+                    except queue.Empty:
+                        renderer.tick()
+                        continue
                 last = time.monotonic()
                 if background and prompting.divert(req, rank, ev):
                     continue

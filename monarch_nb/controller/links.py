@@ -22,7 +22,7 @@ from typing import Any
 
 from distributed.comm import CommClosedError, connect
 
-from monarch_nb.wire import FrameConn, Writer, connect_local
+from monarch_nb.wire import FrameConn, Writer, connect_local, frame
 
 _ids = itertools.count(1)
 TLS_HANDSHAKE_TIMEOUT = 10.0  # seconds; the engine gives up on its side after 5
@@ -81,23 +81,30 @@ class Router:
             self._requests[request.id] = request
 
     def deliver(self, rank: int, ev: dict[str, Any]) -> None:
-        if ev["ev"] == "comm":  # a widget's, whichever cell (if any) it came in
+        kind = ev["ev"]
+        if kind == "comm":  # a widget's, whichever cell (if any) it came in
             if self.comms is not None:
                 self.comms.deliver(rank, ev)
             return
-        if ev["ev"] == "display" and self.comms is not None:
+        if kind == "display" and self.comms is not None:
             self.comms.displayed(ev)  # a rank's widget: its output gets a display id
-        if ev["ev"] == "done" and self.comms is not None:
-            self.comms.flush()  # the rank's widgets show their last state before its end
-        with self._lock:
-            req = self._requests.get(ev["id"])
+        if kind == "done":
+            if self.comms is not None and self.comms.holding:
+                self.comms.flush()  # the rank's widgets show their last state before its end
+            with self._lock:
+                req = self._requests.get(ev["id"])
+                if req is None:
+                    return
+                req.status[rank] = ev["status"]
+                remaining = req.remaining
+                remaining.discard(rank)
+                if not remaining:
+                    del self._requests[req.id]
+        else:
+            with self._lock:
+                req = self._requests.get(ev["id"])
             if req is None:
                 return
-            if ev["ev"] == "done":
-                req.status[rank] = ev["status"]
-                req.remaining.discard(rank)
-                if not req.remaining:
-                    del self._requests[req.id]
         req.last_event = time.monotonic()
         req.events.put((rank, ev))
 
@@ -153,6 +160,8 @@ class Link:
         self.on_lost = on_lost  # called with (rank, why) when the worker goes away
         self.closing = False
         self.comm = None
+        self.controller: str | None = None
+        self.hello: dict[str, Any] | None = None  # where the engine listens, and its token
         self.writer: Writer | None = None
         self.conn: FrameConn | None = None
         self.reader: asyncio.Future | None = None
@@ -168,6 +177,7 @@ class Link:
         self.comm = await connect(self.info.address, **connection_args)
         await self.comm.write({"op": "monarch_attach", "reply": False, "controller": controller})
         hello = await self.comm.read()
+        self.controller, self.hello = controller, hello
         self.writer = Writer(self.comm)
         sock = await _connect_data(self.info.address, hello)
         ssl_context = connection_args.get("ssl_context")
@@ -202,18 +212,40 @@ class Link:
         if self.on_lost is not None and not self.closing:
             self.on_lost(self.info.rank, why)
 
-    def send(self, msg: dict[str, Any]) -> None:
-        """A request on the data path (any thread)."""
+    def send(self, msg: dict[str, Any], framed: tuple[bytes, ...] | None = None) -> None:
+        """A request on the data path (any thread); ``framed``: ``msg`` already pickled by
+        ``wire.frame`` (once for every rank it goes to)."""
         try:
             if self.conn is None or self._gone:
                 raise ConnectionError("not connected")
-            self.conn.post(msg)  # never blocks: see FrameConn.post
+            self.conn.post_frame(framed or frame(msg))  # never blocks: see FrameConn.post
             self.last_sent = msg.get("id", self.last_sent)
         except OSError as e:
             self.router.deliver(
                 self.info.rank,
                 {"ev": "done", "id": msg.get("id", ""), "status": "lost", "why": str(e)},
             )
+
+    def interrupt_here(self, msg: dict[str, Any]) -> None:
+        """An interrupt straight to an engine on this host, from the calling thread, on a
+        connection of its own that the worker's accepting thread reads (engine_io.py): the
+        control comm's path waits for this process's event loop, which the scheduler and the
+        nannies of a local cluster share, and which a machine full of busy ranks starves for
+        seconds. Best effort: the same interrupt goes on the control comm too (the engine acts
+        on its ``key`` once), which keeps it ahead of what is asked after it there."""
+        hello = self.hello or {}
+        sock = connect_local(hello, timeout=0.0)
+        if sock is None:  # another host, TLS, or a listener that takes no more
+            return
+        try:
+            sock.setblocking(False)  # a few hundred bytes into an empty socket, or nothing
+            FrameConn(sock).send(
+                {"controller": self.controller, "token": hello["token"], "interrupt": msg}
+            )
+        except OSError:
+            pass
+        finally:
+            sock.close()
 
     def control(self, msg: dict[str, Any]) -> None:
         """A control message (interrupt, info); runs on the client's event loop."""

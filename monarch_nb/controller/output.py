@@ -17,9 +17,14 @@ import time
 from collections import deque
 from typing import Any
 
+from monarch_nb.controller import merging
 from monarch_nb.controller.targets import format_ranks
 
 COLLAPSE_WINDOW = 0.2  # seconds a line waits for the same line from the other ranks
+# ... counted from the last rank that joined it, up to this many windows (at least HOLD_MIN s)
+# from the first: 64 ranks on a busy machine print the same line over more than one window
+HOLD_WINDOWS = 5
+HOLD_MIN = 1.0
 PROGRESS_REFRESH = 0.25
 
 
@@ -174,6 +179,13 @@ class LiveSink:
         self._handle.update({"text/plain": "\n".join(head + shown + live + end)}, raw=True)
 
 
+def _shown(e: _Entry) -> list[str]:
+    """A line entry as the lines it shows: one, or a few where ranks' numbers differ."""
+    if e.texts is None:
+        return [f"{_tag(e.ranks)} {e.text}\n"]
+    return [f"{_tag(ranks)} {text}\n" for ranks, text in merging.merge(e.texts)]
+
+
 def _count(n: int, what: str = "line") -> str:
     return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
@@ -202,6 +214,8 @@ class _Entry:
     __slots__ = (
         "data",
         "display_id",
+        "first",
+        "key",
         "kind",
         "metadata",
         "name",
@@ -209,15 +223,18 @@ class _Entry:
         "seq",
         "t",
         "text",
+        "texts",
         "update",
     )
 
     def __init__(self, seq, kind, name, text, rank, t, data=None, metadata=None):
         self.seq, self.kind, self.name, self.text = seq, kind, name, text
         self.ranks = [rank]
-        self.t = t
+        self.first = self.t = t  # t: when the last rank joined it
         self.data, self.metadata = data, metadata
         self.display_id, self.update = None, False  # a display shown again in place
+        self.key = (name, text)
+        self.texts: dict[int, str] | None = None  # by rank, where lines of one shape merge
 
 
 class _Bucket:
@@ -257,8 +274,11 @@ class Renderer:
         self.ranks = list(ranks)
         self.sink = sink or ConsoleSink()
         self.collapse = collapse and len(self.ranks) > 1
+        # many ranks: lines that differ only in their numbers merge too (merging.py)
+        self.shapes = self.collapse and len(self.ranks) >= merging.GROUP_RANKS
         self.stream = stream
         self.window = window
+        self.hold = max(window * HOLD_WINDOWS, HOLD_MIN)
         self._pending: deque[_Entry] = deque()
         self._by_key: dict[tuple[str, str], _Bucket] = {}
         self._last_seq: dict[int, int] = {}
@@ -295,7 +315,9 @@ class Renderer:
             else:
                 self._held[rank].append(entry)
             return
-        key = (entry.name, entry.text)
+        if self.shapes and entry.kind == "line":
+            entry.key, entry.texts = (entry.name, merging.shape(entry.text)), {rank: entry.text}
+        key = entry.key
         if self.collapse and entry.kind != "display":
             # Every entry holding this rank is at or before its last seq, so the first later
             # entry with the same text is the one to join; joining keeps per-rank order.
@@ -305,6 +327,9 @@ class Renderer:
                 candidate = self._move_to_end(bucket.entries[-1], rank)
             if candidate is not None:
                 candidate.ranks.append(rank)
+                candidate.t = entry.t
+                if candidate.texts is not None:
+                    candidate.texts[rank] = entry.text
                 self._last_seq[rank] = candidate.seq
                 return
         self._seq += 1
@@ -334,14 +359,15 @@ class Renderer:
         while self._pending:
             head = self._pending[0]
             complete = len(head.ranks) == len(self.ranks) or not self.collapse
-            if not (final or complete or now - head.t >= self.window):
+            waited = now - head.t >= self.window or now - head.first >= self.hold
+            if not (final or complete or waited):
                 break
             self._pending.popleft()
             if head.kind != "display" and self.collapse:
-                bucket = self._by_key[(head.name, head.text)]
+                bucket = self._by_key[head.key]
                 bucket.pop_front()
                 if not len(bucket):
-                    del self._by_key[(head.name, head.text)]
+                    del self._by_key[head.key]
             out.append(head)
         self._emit(out)
         self.sink.refresh(final)
@@ -351,14 +377,14 @@ class Renderer:
         run_name = None
         for e in entries:
             if e.kind == "line" and e.name == run_name:
-                run.append(f"{_tag(e.ranks)} {e.text}\n")
+                run.extend(_shown(e))
                 continue
             if run:
                 self.sink.lines(run_name, "".join(run))
                 run = []
             run_name = None
             if e.kind == "line":
-                run_name, run = e.name, [f"{_tag(e.ranks)} {e.text}\n"]
+                run_name, run = e.name, _shown(e)
             elif e.kind == "clear":
                 self.sink.clear(wait=e.text == "wait")
             else:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from monarch_nb import registry
 from monarch_nb.actors import mesh as actor_meshes
 from monarch_nb.actors import worker as actor_worker
-from monarch_nb.controller import attach, capacity, joining, relaunch
+from monarch_nb.controller import attach, capacity, joining, queue_limits, relaunch
 from monarch_nb.controller import cluster as clusters
 from monarch_nb.controller import mesh as device_mesh
 from monarch_nb.controller import sync as code_sync
@@ -156,6 +156,7 @@ def _check(ctl: Controller, n: int) -> None:
             _check_gpus(cluster, n)
         # Before planning: a spec per rank of `scale 99999999999999999999` never ends.
         capacity.check(ctl.world_size, n, local or isinstance(cluster, _local_cluster()))
+        queue_limits.check(cluster, n)  # a batch queue's jobs that could never all run
     busy = sorted(ctl._router.busy())
     if busy:
         raise ClusterError(

@@ -9,6 +9,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from monarch_nb.controller import merging
 from monarch_nb.controller.targets import format_ranks
 from monarch_nb.rank.cells import CELL_PREFIX
 
@@ -119,8 +120,7 @@ class StacksReport:
         ]
         if self.summary:
             lines.append(self.summary)
-        for rank, why in self.silent.items():
-            lines.append(f"[rank {rank} on {self.hosts.get(rank, '?')}] {why}")
+        lines.extend(self._silent())
         lines.extend(self._notes())
         for ranks, t in self.groups(everything):
             lines.append("")
@@ -129,6 +129,19 @@ class StacksReport:
         if not everything:
             lines.extend(self._hidden())
         return "\n".join(lines)
+
+    def _silent(self) -> list[str]:
+        """The ranks that did not answer, those on one host for one reason in one line (their
+        pids as a range)."""
+        by: dict[tuple[str, str], dict[int, str]] = {}
+        for rank, why in self.silent.items():
+            host = self.hosts.get(rank, "?")
+            by.setdefault((host, merging.shape(why)), {})[rank] = why
+        return [
+            f"[{format_ranks(ranks)} on {host}] {why}"
+            for (host, _), whys in by.items()
+            for ranks, why in merging.merge(whys, apart=False)
+        ]
 
     def _notes(self) -> list[str]:
         notes: dict[str, list[int]] = {}

@@ -17,7 +17,14 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from monarch_nb import kept, registry
-from monarch_nb.controller import certificates, forkserver, hosting, joining, script_guard
+from monarch_nb.controller import (
+    capacity,
+    certificates,
+    forkserver,
+    hosting,
+    joining,
+    script_guard,
+)
 from monarch_nb.controller import cluster as clusters
 from monarch_nb.controller import keep as lease
 from monarch_nb.controller import mesh as device_mesh
@@ -92,6 +99,8 @@ def up(
     if shape is not None:
         workers = _mesh_workers(shape, workers, dist)
     with _only_one(current):
+        if workers is not None and workers > 0:  # before a plan per rank of a size never met
+            capacity.check(0, workers, local=True, up=True)
         plans = clusters.plan_workers(
             clusters.detect_gpus(), workers=workers, cpu=cpu, threads=threads
         )

@@ -148,6 +148,11 @@ class CommRelay:
             twin.sent_at = time.monotonic()
             twin.send(data=held)
 
+    @property
+    def holding(self) -> bool:
+        """Whether updates are held (rarely: a cell's end flushes only then)."""
+        return bool(self._held)
+
     def flush(self) -> None:
         """Send the held updates now (their time has come, or a cell ended: its widgets
         show their last state before the cell's end)."""

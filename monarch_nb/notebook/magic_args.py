@@ -14,6 +14,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
 
 from monarch_nb.controller import start
+from monarch_nb.notebook.rank_groups import GROUP_FROM
 
 _TARGETS_HELP = "ranks: all, 0, 0,2, 1:3 or ::2"
 
@@ -132,8 +133,13 @@ def line_parser() -> Parser:
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
     _targets(p)
+    p = sub.add_parser("status", help="a table of the ranks")
+    p.add_argument(
+        "--ranks",
+        action="store_true",
+        help=f"a row per rank (from {GROUP_FROM} ranks, ranks alike share a row)",
+    )
     for name, text in [
-        ("status", "a table of the ranks"),
         ("down", "stop or leave the cluster"),
         ("restart", "fresh worker processes, same ranks, empty namespaces"),
         ("metrics", "the latest logged values and telemetry of every rank"),

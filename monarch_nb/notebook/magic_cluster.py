@@ -18,6 +18,7 @@ from monarch_nb.controller import mesh as device_mesh
 from monarch_nb.controller.launch import run_script
 from monarch_nb.controller.targets import TargetError, format_ranks
 from monarch_nb.errors import ClusterError
+from monarch_nb.notebook import rank_groups
 
 NO_CLUSTER = "no cluster is up; start one with %monarch up (or %monarch connect ADDRESS)"
 
@@ -50,6 +51,20 @@ def format_table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _table(rows: list[dict[str, Any]], columns: list[str], every: bool = False) -> str:
+    """A row per rank, or from rank_groups.GROUP_FROM ranks (unless ``every``) a row per
+    group of ranks alike, with a line saying so."""
+    if every or len(rows) < rank_groups.GROUP_FROM:
+        return format_table(rows, columns)
+    grouped, kept = rank_groups.group(rows, columns)
+    return (
+        format_table(grouped, kept)
+        + f"\n({len(rows)} ranks in {len(grouped)} row{'s' if len(grouped) > 1 else ''} "
+        "of ranks alike; "
+        "%monarch status --ranks shows a row per rank, with its pid)"
+    )
+
+
 def _gib(n: int | None) -> str:
     return f"{n / 2**30:.1f} GiB" if n else "?"
 
@@ -69,7 +84,7 @@ def _print_ranks(ctl, verb: str) -> None:
         dash = f" (dashboard {ctl.client.dashboard_link})"
     ranks = "1 rank" if ctl.world_size == 1 else f"{ctl.world_size} ranks"
     print(f"monarch-nb: {verb} {ranks} at {ctl.scheduler_address}{dash}")
-    print(format_table(rows, ["rank", "host", "pid", "device", *_mesh_column(ctl, rows)]))
+    print(_table(rows, ["rank", "host", "pid", "device", *_mesh_column(ctl, rows)]))
     if ctl.dist_backend:
         print(f"torch.distributed: {ctl.dist_backend} process group over all ranks")
     elif ctl.dist_error:
@@ -163,7 +178,7 @@ def status(magics, args):
         r["labels"] = " ".join(f"{k}={v}" for k, v in mine.items()) or "-"
     if any(r["labels"] != "-" for r in rows):
         columns.append("labels")
-    print(format_table(rows, columns))
+    print(_table(rows, columns, every=args.ranks))
     dead = actors.dead_actors(ctl)
     if dead:
         print("dead actors:")

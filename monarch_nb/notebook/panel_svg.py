@@ -15,17 +15,19 @@ depends only on the number of ranks, so an update never moves the page; text use
 from __future__ import annotations
 
 import html
-import math
 import time
 from typing import Any
 
+from monarch_nb.notebook import panel_charts as charts
+from monarch_nb.notebook import panel_compact
+from monarch_nb.notebook.panel_charts import FONT, GRID, MAX_POINTS, fmt
+from monarch_nb.notebook.panel_charts import clip as _clip
+from monarch_nb.notebook.panel_charts import finite as _finite
+from monarch_nb.notebook.panel_charts import text as _t
 from monarch_nb.telemetry.figures import GIB, color, rank_view
-from monarch_nb.telemetry.store import thin
 
 WIDTH = 900
 HISTORY_S = 60.0  # seconds of utilization and memory history drawn
-MAX_POINTS = 400  # points per line; more are evenly thinned, the newest kept
-MAX_ROWS = 32  # rank rows drawn; the rest are counted in one line
 STATE_COLORS = {
     "running": "#1f77b4",
     "done": "#2ca02c",
@@ -37,14 +39,8 @@ STATE_COLORS = {
     "up": "#2ca02c",
     "down": "#7f7f7f",
 }
-_FONT = "system-ui, -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif"
 _HEAD = 26  # the title line
 _CHART = 176  # the three charts under the rank rows
-_GRID = 'stroke="currentColor" stroke-opacity="0.12"'
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def panel_view(
@@ -94,64 +90,6 @@ def panel_view(
 
 def _order(rank: Any) -> tuple:
     return (0, rank, "") if isinstance(rank, int) else (1, 0, str(rank))
-
-
-# -- scales and ticks ------------------------------------------------------------------------
-def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
-    """Round ticks (1, 2, 5 times a power of ten) covering [lo, hi]; the first and last
-    are the axis's ends."""
-    if not (_finite(lo) and _finite(hi)):
-        lo, hi = 0.0, 1.0
-    if hi - lo <= abs(hi) * 1e-9 or hi <= lo:
-        pad = abs(hi) * 0.1 or 1.0
-        lo, hi = lo - pad, hi + pad
-    raw = (hi - lo) / max(count - 1, 1)
-    step = 10 ** math.floor(math.log10(raw))
-    for m in (1, 2, 2.5, 5, 10):
-        if m * step >= raw:
-            step *= m
-            break
-    first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
-    return [i * step for i in range(first, last + 1)]
-
-
-def _log_ticks(lo: float, hi: float) -> list[float]:
-    first, last = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
-    return [10.0**e for e in range(first, last + 1)]
-
-
-def fmt(v: float | None) -> str:
-    """A short number: 0.0123, 1.23e-05, 12.3k."""
-    if v is None or not _finite(v):
-        return "–"
-    a = abs(v)
-    if a == 0:
-        return "0"
-    if a >= 1e5:
-        for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-            if a >= size:
-                return f"{v / size:.3g}{unit}"
-    if a < 1e-3:
-        return f"{v:.2e}"
-    return f"{v:.4g}"
-
-
-def _power(v: float) -> str:
-    e = round(math.log10(v))
-    return fmt(v) if -3 <= e <= 4 else f"1e{e}"
-
-
-def _clip(text: str, chars: int) -> str:
-    return text if len(text) <= chars else text[: chars - 1] + "…"
-
-
-def _t(x: float, y: float, text: str, size: int = 11, anchor: str = "start", **extra) -> str:
-    extra.setdefault("fill", "currentColor")
-    attrs = "".join(f' {k.replace("_", "-")}="{v}"' for k, v in extra.items())
-    return (
-        f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}"{attrs}>'
-        f"{html.escape(text)}</text>"
-    )
 
 
 # -- the parts of the picture ----------------------------------------------------------------
@@ -226,102 +164,25 @@ def _lines(
     empty: str,
     log_y: bool = False,
 ) -> str:
-    """A line chart in ``box`` (x, y, w, h): axes with ticks, one polyline per rank, a dot on
-    each line's newest point. Non-finite points are left out; None on an axis means "fit"."""
-    bx, by, bw, bh = box
-    left, bottom, top = 46, 30, 18
-    px, py, pw, ph = bx + left, by + top, bw - left - 8, bh - top - bottom
-    clean = []
-    for rank, xs, ys in series:
-        pts = [(x, y) for x, y in zip(xs, ys, strict=False) if _finite(x) and _finite(y)]
-        if log_y:
-            pts = [(x, y) for x, y in pts if y > 0]
-        if pts:
-            clean.append((rank, thin(pts, MAX_POINTS)))
-    out = [_t(bx, by + 11, title, 11, font_weight="600")]
-    out.append(
-        f'<rect x="{px}" y="{py}" width="{pw}" height="{ph}" fill="none" stroke="currentColor" '
-        'stroke-opacity="0.25"/>'
-    )
-    if not clean:
-        out.append(_t(px + pw / 2, py + ph / 2 + 4, empty, 11, "middle", fill_opacity="0.6"))
-        return "".join(out)
-    xs = [x for _, pts in clean for x, _ in pts]
-    ys = [y for _, pts in clean for _, y in pts]
-    x0, x1 = x_range or (min(xs), max(xs))
-    if x1 <= x0:
-        x1 = x0 + 1
-    lo = min(ys) if y_floor is None else min(y_floor, min(ys))
-    hi = max(ys) if y_ceiling is None else max(y_ceiling, max(ys))
-    if log_y:
-        yticks = _log_ticks(lo, hi)
-        fy = math.log10
-    else:
-        yticks = nice_ticks(lo, hi)
-        fy = float
-    y0, y1 = fy(yticks[0]), fy(yticks[-1])
-    if y1 <= y0:
-        y1 = y0 + 1
-
-    def sx(x: float) -> float:
-        return px + (x - x0) / (x1 - x0) * pw
-
-    def sy(y: float) -> float:
-        return py + ph - (fy(y) - y0) / (y1 - y0) * ph
-
-    for tick in yticks:
-        ty = sy(tick)
-        label = _power(tick) if log_y else fmt(tick)
-        out.append(f'<line x1="{px}" x2="{px + pw}" y1="{ty:.1f}" y2="{ty:.1f}" {_GRID}/>')
-        out.append(_t(px - 4, ty + 3.5, label, 10, "end", fill_opacity="0.75"))
-    xticks = [t for t in nice_ticks(x0, x1, 5) if x0 - 1e-9 <= t <= x1 + 1e-9]
-    for tick in xticks:
-        tx = sx(tick)
-        out.append(f'<line x1="{tx:.1f}" x2="{tx:.1f}" y1="{py}" y2="{py + ph}" {_GRID}/>')
-        out.append(_t(tx, py + ph + 13, fmt(tick), 10, "middle", fill_opacity="0.75"))
-    out.append(_t(px + pw / 2, py + ph + 26, x_label, 10, "middle", fill_opacity="0.75"))
-    for rank, pts in clean:
-        c = color(rank)
-        coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
-        out.append(
-            f'<polyline points="{coords}" fill="none" stroke="{c}" stroke-width="1.8" '
-            f'stroke-linejoin="round" data-rank="{html.escape(str(rank))}"/>'
-        )
-        lx, ly = pts[-1]
-        out.append(f'<circle cx="{sx(lx):.1f}" cy="{sy(ly):.1f}" r="2.6" fill="{c}"/>')
-    return "".join(out)
+    """A line chart in ``box`` (x, y, w, h), one line per rank in the rank's colour."""
+    lines = [(rank, color(rank), list(zip(xs, ys, strict=False))) for rank, xs, ys in series]
+    return charts.chart(box, lines, x_range, y_floor, y_ceiling, title, x_label, empty, log_y)
 
 
-def height(n_ranks: int) -> int:
-    """The picture's height in pixels: it depends on the number of ranks only."""
-    shown = min(n_ranks, MAX_ROWS)
-    rows = shown * (30 if n_ranks <= 8 else 20) + (18 if n_ranks > MAX_ROWS else 0)
-    return _HEAD + max(rows, 20) + 10 + _CHART
-
-
-def render(view: dict[str, Any], title: str, subtitle: str = "", note: str = "") -> str:
-    """The panel as HTML: a fixed-size ``<svg>``, and ``note`` as a line of text under it."""
+def _per_rank(view: dict[str, Any], h: int) -> list[str]:
+    """A row per rank, and a line per rank in the charts under them."""
     ranks = view["ranks"]
-    h = height(len(ranks))
     tall = len(ranks) <= 8
     row_h = 30 if tall else 20
-    parts = [_t(0, 16, _clip(title, 60), 13, font_weight="700")]
-    stamp = time.strftime("%H:%M:%S", time.localtime(view["now"]))
-    right = f"{subtitle} · {stamp}" if subtitle else stamp
-    parts.append(_t(WIDTH, 16, _clip(right, 80), 11, "end", fill_opacity="0.7"))
+    parts = []
     y = _HEAD
     if not ranks:
         parts.append(_t(10, y + 14, "no ranks yet", 11, fill_opacity="0.6"))
-    for row in ranks[:MAX_ROWS]:
+    for row in ranks:
         parts.append(_row(row, y, tall))
         y += row_h
-    if len(ranks) > MAX_ROWS:
-        more = len(ranks) - MAX_ROWS
-        parts.append(
-            _t(10, y + 13, f"+{more} more ranks (the sidebar and %monarch status list all)", 11)
-        )
     top = h - _CHART
-    parts.append(f'<line x1="0" x2="{WIDTH}" y1="{top - 5}" y2="{top - 5}" {_GRID}/>')
+    parts.append(f'<line x1="0" x2="{WIDTH}" y1="{top - 5}" y2="{top - 5}" {GRID}/>')
     loss = view["loss"]
     ys = [v for s in loss for v in s["values"] if _finite(v)]
     log_y = bool(ys) and min(ys) > 0 and max(ys) / min(ys) >= 100
@@ -370,10 +231,34 @@ def render(view: dict[str, Any], title: str, subtitle: str = "", note: str = "")
             "no samples yet",
         )
     )
+    return parts
+
+
+def height(n_ranks: int) -> int:
+    """The picture's height in pixels: it depends on the number of ranks only."""
+    if n_ranks >= panel_compact.COMPACT_RANKS:
+        return _HEAD + panel_compact.HEIGHT
+    rows = n_ranks * (30 if n_ranks <= 8 else 20)
+    return _HEAD + max(rows, 20) + 10 + _CHART
+
+
+def render(view: dict[str, Any], title: str, subtitle: str = "", note: str = "") -> str:
+    """The panel as HTML: a fixed-size ``<svg>``, and ``note`` as a line of text under it; a
+    row per rank, or from COMPACT_RANKS ranks the compact form (panel_compact.py)."""
+    ranks = view["ranks"]
+    h = height(len(ranks))
+    parts = [_t(0, 16, _clip(title, 60), 13, font_weight="700")]
+    stamp = time.strftime("%H:%M:%S", time.localtime(view["now"]))
+    right = f"{subtitle} · {stamp}" if subtitle else stamp
+    parts.append(_t(WIDTH, 16, _clip(right, 80), 11, "end", fill_opacity="0.7"))
+    if len(ranks) >= panel_compact.COMPACT_RANKS:
+        parts += panel_compact.parts(view, WIDTH, _HEAD, STATE_COLORS)
+    else:
+        parts += _per_rank(view, h)
     # as wide as the output area up to its own width; the height follows the fixed aspect
     svg = (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="100%" viewBox="-2 0 {WIDTH + 4} {h}" '
-        f'font-family="{_FONT}" class="monarch-panel-svg" style="display:block">'
+        f'font-family="{FONT}" class="monarch-panel-svg" style="display:block">'
         + "".join(parts)
         + "</svg>"
     )
@@ -386,6 +271,8 @@ def render(view: dict[str, Any], title: str, subtitle: str = "", note: str = "")
 def text(view: dict[str, Any], title: str, note: str = "") -> str:
     """The panel as plain text, a line per rank (the ``text/plain`` of its outputs)."""
     lines = [title + (f" ({note})" if note else "")]
+    if len(view["ranks"]) >= panel_compact.COMPACT_RANKS:
+        return "\n".join(lines + panel_compact.text_lines(view))
     for row in view["ranks"]:
         util = row.get("util")
         used = row.get("mem_used")

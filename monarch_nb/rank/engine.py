@@ -97,6 +97,7 @@ class Engine:
         self._interrupt_pending = False  # interrupted after taking a cell, before running it
         self._interrupt_sent = False  # a KeyboardInterrupt raised in the thread, maybe not landed
         self._cancelled: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._interrupts: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._aloop: asyncio.AbstractEventLoop | None = None
         self.failure = None  # (request id, exception, traceback) of the last failed cell
         self.reloader: rank_autoreload.Reloader | None = None  # %monarch autoreload on
@@ -105,6 +106,8 @@ class Engine:
         install_display()
         rank_comms.install(self)  # widgets made on this rank reach the notebook
         debugger.install()  # input(), getpass and pdb of its cells ask the notebook
+        # Ctrl-C from a controller on this host, past both event loops (engine_io.Wire._hello)
+        self.wire.on_interrupt = lambda m: self.interrupt(m.get("target"), m.get("sent"), m["key"])
         self._thread = threading.Thread(target=self._main, name="monarch-engine", daemon=True)
         self._thread.start()
 
@@ -127,7 +130,7 @@ class Engine:
 
     def _control(self, channel: Channel, msg: dict[str, Any]) -> None:
         if msg["op"] == "interrupt":
-            self.interrupt(msg.get("target"), msg.get("sent"))
+            self.interrupt(msg.get("target"), msg.get("sent"), msg.get("key"))
         elif msg["op"] == "info":
             info = self.info(msg.get("about"))
             channel.reply({"ev": "done", "id": msg["id"], "status": "ok", "info": info})
@@ -136,11 +139,20 @@ class Engine:
         elif msg["op"] == "stacks":  # %monarch stacks: this thread may be blocked in C
             rank_stacks.answer(self, channel, msg)
 
-    def interrupt(self, cell_id: str | None = None, sent: str | None = None) -> None:
+    def interrupt(
+        self, cell_id: str | None = None, sent: str | None = None, key: str | None = None
+    ) -> None:
         """Raise KeyboardInterrupt in the running cell (or drop ``cell_id`` if still queued).
         ``sent``: the newest request its controller had sent when it asked; one it sent later
-        is spared (the interrupt came on the control comm, behind it)."""
+        is spared (the interrupt came on the control comm, behind it). ``key``: the press it
+        stands for, which arrives by two paths (wire.py's ``interrupt_here``) and acts once."""
         with self._lock:
+            if key is not None:
+                if key in self._interrupts:
+                    return
+                self._interrupts[key] = None
+                while len(self._interrupts) > MAX_CANCELLED:
+                    self._interrupts.popitem(last=False)
             if cell_id is None and sent is not None and sent_after(self._current, sent):
                 return
             if cell_id is not None and cell_id != self._current:

@@ -83,6 +83,7 @@ class Wire:
         self._accepted: list[Channel] = []  # connected, for the rank's thread to start reading
         self._lock = threading.Lock()
         self._poke = threading.Event()
+        self.on_interrupt = None  # the engine's interrupt, for a hello that carries one
         threading.Thread(target=self._flusher, name="monarch-flush", daemon=True).start()
         # Accepting has threads of its own so that a busy rank still completes handshakes
         # (and answers info at once); its requests wait in the socket until the rank is free.
@@ -146,6 +147,13 @@ class Wire:
         if channel is None or hello.get("token") != self.token:
             logger.warning("monarch_nb: refused a data connection without a valid token")
             conn.close()
+            return
+        if isinstance(hello.get("interrupt"), dict) and self.on_interrupt is not None:
+            # Ctrl-C on a connection of its own, handled on this accepting thread: the control
+            # comm's path runs through the notebook's event loop and this worker's, which 64
+            # busy ranks on 2 cores starve for seconds (docs/measurements.md)
+            conn.close()
+            self.on_interrupt(hello["interrupt"])
             return
         channel.conn = conn
         with self._lock:

@@ -29,9 +29,9 @@ def ctrl_c_after_rank_0s_send(clean, monkeypatch):
     """The next request's send to rank 0 is followed by a Ctrl-C, before rank 1's send."""
     link = clean._links[0]
 
-    def then_ctrl_c(msg):
+    def then_ctrl_c(*args):
         monkeypatch.undo()  # once
-        link.send(msg)
+        link.send(*args)
         ctrl_c()
 
     monkeypatch.setattr(link, "send", then_ctrl_c)

@@ -237,3 +237,47 @@ def test_a_noblock_cells_display_ends_saying_how_it_ended():
     sink.finish("[ranks 0-1] 2 of 2 ranks failed: handle.result() raises it")
     assert shown[-1] == "[ranks 0-1] 2 of 2 ranks failed: handle.result() raises it"
     assert sink.lines_out == []  # not a line the cell printed
+
+
+def test_at_64_ranks_numbers_merge_and_a_rank_that_diverges_stands_out():
+    sink = ListSink()
+    r = Renderer(list(range(64)), sink, window=5)
+    for rank in range(64):
+        loss = 9.73 if rank == 12 else 0.48 + rank * 0.0005
+        last = "loss is nan, stopping" if rank == 32 else "saved"
+        r.feed(rank, stream(["epoch 1", f"loss {loss:.4f}", last]))
+    r.close()
+    assert sink.out == [
+        ("stdout", "[ranks 0-63] epoch 1"),
+        ("stdout", "[ranks 0-11,13-63] loss 0.4800..0.5115"),
+        ("stdout", "[rank 12] loss 9.7300"),
+        ("stdout", "[ranks 0-31,33-63] saved"),
+        ("stdout", "[rank 32] loss is nan, stopping"),
+    ]
+
+
+def test_under_16_ranks_every_rank_keeps_its_own_numbers():
+    sink = ListSink()
+    r = Renderer(list(range(15)), sink, window=5)
+    for rank in range(15):
+        r.feed(rank, stream([f"loss {rank}"]))
+    r.close()
+    assert sink.out == [("stdout", f"[rank {rank}] loss {rank}") for rank in range(15)]
+
+
+def test_a_line_that_ranks_print_over_several_windows_stays_one_line(monkeypatch):
+    from types import SimpleNamespace
+
+    from monarch_nb.controller import output
+
+    now = [0.0]
+    monkeypatch.setattr(output, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    sink = ListSink()
+    r = Renderer(list(range(32)), sink, window=0.2)
+    for rank in range(7):  # a rank every 0.15 s, each within the window of the one before
+        now[0] = 0.15 * rank
+        r.feed(rank, stream(["step 1 done"]))
+    assert sink.out == [], "held while ranks keep joining it"
+    now[0] = 1.0  # a second after the first: shown without the ranks still to come
+    r.tick()
+    assert sink.out == [("stdout", "[ranks 0-6] step 1 done")]

@@ -152,6 +152,24 @@ def test_a_size_the_machine_cannot_hold_is_refused_before_anything_starts(clean,
     assert clean.run("rank").values() == [0, 1]
 
 
+def test_up_of_more_ranks_than_the_machine_holds_is_refused_before_anything_starts(
+    no_current, cell
+):
+    children = len(psutil.Process().children(recursive=True))
+    for n in (10000, 99999999999999999999):
+        cell(f"%monarch up --workers {n} --cpu", expect_error=True)
+        message = str(cell.error)
+        assert isinstance(cell.error, UsageError) and "\n" not in message
+        assert re.fullmatch(
+            rf"up --workers {n} is more than this machine can hold: {n} new ranks need about "
+            r"[^;]+ \(\d+( \w+)? each\), and [^;]+; --workers \d+ at most",
+            message,
+        ), message
+        assert errors.current() is None
+    # nothing was started (the forkserver %load_ext starts is not a rank's)
+    assert len(psutil.Process().children(recursive=True)) <= children + 1
+
+
 class _Logged(logging.Handler):
     """The errors Dask, tornado and asyncio log (they reached the cell: 2.7 MB of them)."""
 

@@ -295,3 +295,18 @@ def test_the_stop_button_with_a_stopped_worker_returns_within_seconds(tmp_path, 
         assert "[ranks 0-1] alive" in kernel.run("%%monarch\nprint('alive')")
     finally:
         kernel.close()
+
+
+def test_ctrl_c_reaches_busy_ranks_while_the_notebooks_event_loop_is_held(clean):
+    # The event loop that writes the control comm is the scheduler's and the nannies' too; 64
+    # busy ranks on 2 cores starved it for seconds, and the interrupt waited behind it until
+    # the ranks were reported as not answering. Here it is held for 3 s by a callback.
+    held = threading.Event()
+    clean._loop.call_soon_threadsafe(lambda: (held.set(), time.sleep(3)))
+    assert held.wait(10)
+    sigint_after(0.5)
+    with pytest.raises(CellError) as info:
+        clean.run("x = 0\nwhile True:\n    x += 1")
+    assert {e.ename for e in info.value.errors.values()} == {"KeyboardInterrupt"}
+    assert info.value.headline == "interrupted ranks 0-1"
+    assert clean.run("rank").values() == [0, 1]

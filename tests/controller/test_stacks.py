@@ -268,3 +268,26 @@ def test_a_cluster_that_is_down_says_so():
     other.down()
     with pytest.raises(ClusterError, match="this cluster is down; start one with %monarch up"):
         other.stacks()
+
+
+def test_64_ranks_stacks_fit_one_screen_with_the_silent_ones_in_one_line():
+    from monarch_nb.controller.stacks_report import StacksReport
+
+    frames = [["<cell-1>", 3, "<module>", "time.sleep(60)", False]]
+    thread = {"name": "monarch-engine", "kind": "cell", "actor": None, "frames": frames}
+    ok = {"threads": [{**thread, "cell": 0, "tasks": [], "collective": None}], "running": True}
+    silent = {3: "node-a", 5: "node-a", 40: "node-f"}
+    outcomes = {
+        r: {"status": "ok", "stacks": ok}
+        if r not in silent
+        else {"status": "unanswered", "why": f"not answering: its worker process (pid {900 + r})"}
+        for r in range(64)
+    }
+    hosts = {r: silent.get(r, "node-a") for r in range(64)}
+    lines = StacksReport(list(range(64)), hosts, outcomes, 0.5).text().splitlines()
+    assert lines[1:3] == [
+        "[ranks 3,5 on node-a] not answering: its worker process (pid 903..905)",
+        "[rank 40 on node-f] not answering: its worker process (pid 940)",
+    ]
+    assert "[ranks 0-2,4,6-39,41-63] the cell's thread" in lines
+    assert len(lines) <= 10, lines

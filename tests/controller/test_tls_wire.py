@@ -177,9 +177,9 @@ def test_a_setup_that_never_arrives_fails_in_seconds_naming_the_rank(no_current,
     try:
         send = links.Link.send
 
-        def lose_setup(link, msg):  # the data path losing the frame, as the TLS race did
+        def lose_setup(link, msg, *framed):  # the data path losing the frame, as the TLS race did
             if msg.get("op") != "setup":
-                send(link, msg)
+                send(link, msg, *framed)
 
         monkeypatch.setattr(links.Link, "send", lose_setup)
         start = time.monotonic()
@@ -221,10 +221,10 @@ def test_a_worker_that_stops_during_setup_is_reported_not_waited_for(no_current,
     pid = first.status()[0]["pid"]
     send = links.Link.send
 
-    def stop_then_send(link, msg):
+    def stop_then_send(link, msg, *framed):
         if msg.get("op") == "setup":
             stop(pid)  # the worker stops as its setup is on its way
-        send(link, msg)
+        send(link, msg, *framed)
 
     try:
         monkeypatch.setattr(links.Link, "send", stop_then_send)

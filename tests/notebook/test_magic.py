@@ -302,3 +302,30 @@ def test_path_arguments_are_split_as_a_shell_splits_them(shell):
     for line, (name, value) in cases.items():
         assert getattr(parser.parse_argstring(line), name) == value, line
     assert parser.parse_argstring("run s.py --name 'a b' \"c\"").args == ["--name", "a b", "c"]
+
+
+def test_status_of_64_ranks_fits_one_screen_and_ranks_shows_each():
+    from monarch_nb.notebook.magic_cluster import _table
+
+    rows = [
+        {
+            "rank": r,
+            "host": f"node{r // 8}",
+            "pid": 1000 + r,
+            "device": "cuda: H100 (79.1 GiB)",
+            "state": "not answering" if r == 9 else f"busy {10 + r / 8:.1f} s",
+            "names": "-" if r == 9 else 4,
+        }
+        for r in range(64)
+    ]
+    columns = ["rank", "host", "pid", "device", "state", "names"]
+    lines = _table(rows, columns).splitlines()
+    assert lines[0].split() == ["ranks", "host", "device", "state", "names"]
+    words = [" ".join(line.split()) for line in lines]
+    assert words[1] == "0-7 node0 cuda: H100 (79.1 GiB) busy 10-11 s 4"
+    assert words[2] == "8,10-15 node1 cuda: H100 (79.1 GiB) busy 11-12 s 4"
+    assert words[3] == "9 node1 cuda: H100 (79.1 GiB) not answering -"
+    assert len(lines) == 1 + 9 + 1, lines  # a row per host, rank 9 apart, and the note
+    assert "%monarch status --ranks" in lines[-1]
+    assert len(_table(rows, columns, every=True).splitlines()) == 1 + 64
+    assert len(_table(rows[:15], columns).splitlines()) == 1 + 15  # under 16: a row per rank

@@ -16,7 +16,7 @@ from ipywidgets import DOMWidget
 
 import monarch_nb
 from monarch_nb import CellError
-from monarch_nb.notebook import panel_svg, widgets
+from monarch_nb.notebook import panel_charts, panel_compact, panel_svg, widgets
 from monarch_nb.notebook.widgets import NO_WIDGETS, CellWatch, LivePanel, widgets_available
 from monarch_nb.telemetry.store import Store
 
@@ -223,9 +223,30 @@ def test_the_size_depends_on_the_number_of_ranks_only():
         return svg.get("viewBox")
 
     assert size(2, 0, "queued") == size(2, 500, "running")
-    many = panel_svg.panel_view(snapshot(40, 2), {})
-    shown = texts(panel_svg.render(many, "t"))
-    assert any(t.startswith("+8 more ranks") for t in shown)
+    assert size(16, 2, "queued") == size(300, 50, "running")  # the compact form
+
+
+def test_from_16_ranks_the_panel_is_compact_names_the_odd_ranks_and_stays_small():
+    def picture(n: int, steps: int = 400) -> str:
+        # rank 12's loss six times the others'; rank 3 failed
+        snap = snapshot(n, steps, lambda r, s: (6.0 if r == 12 else 1.0) / (s + 1) + 1e-3 * (r % 3))
+        states = {r: ("error" if r == 3 else "running", 2.0) for r in range(n)}
+        return panel_svg.render(panel_svg.panel_view(snap, states), "t")
+
+    html = picture(64)
+    svg = svg_of(html)
+    shown = ["".join(t.itertext()) for t in svg.iter(f"{SVG}text")]
+    assert "running ranks 0-2,4-63 (2.0 s) · error rank 3 (2.0 s)" in shown
+    assert not any(t.startswith("rank 5 ·") for t in shown), "no row per rank"
+    assert any("apart from the others: rank 12" in t for t in shown)
+    assert set(loss_lines(html)) == {"12", None}  # the odd rank's line, and the bands' medians
+    cells = [r for r in svg.iter(f"{SVG}rect") if r.find(f"{SVG}title") is not None]
+    assert len(cells) == 2 * 64  # a utilization and a memory cell per rank
+    assert cells[5].find(f"{SVG}title").text == "rank 5: 79%"
+    for n, steps in ((16, 400), (64, 400), (1000, 150)):  # past 64 ranks, a cell is several
+        assert len(picture(n, steps)) <= panel_compact.MAX_BYTES, n
+    under = panel_svg.render(panel_svg.panel_view(snapshot(15, 2), {}), "t")
+    assert "rank 14 · MI300X · node" in texts(under)  # under 16 ranks: a row per rank
 
 
 def test_lost_ranks_and_empty_charts_say_so():
@@ -236,7 +257,7 @@ def test_lost_ranks_and_empty_charts_say_so():
 
 
 def test_ticks_are_round_and_cover_the_range():
-    assert panel_svg.nice_ticks(0.0, 100.0) == [0, 25, 50, 75, 100]
-    ticks = panel_svg.nice_ticks(0.013, 0.87)
+    assert panel_charts.nice_ticks(0.0, 100.0) == [0, 25, 50, 75, 100]
+    ticks = panel_charts.nice_ticks(0.013, 0.87)
     assert ticks[0] <= 0.013 and ticks[-1] >= 0.87 and len(ticks) <= 7
-    assert panel_svg.nice_ticks(5.0, 5.0)[0] < 5.0 < panel_svg.nice_ticks(5.0, 5.0)[-1]
+    assert panel_charts.nice_ticks(5.0, 5.0)[0] < 5.0 < panel_charts.nice_ticks(5.0, 5.0)[-1]
