@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from monarch_nb import errors as _errors
+
 # Each public name and the module it comes from, imported when first used: a worker (and the
 # forkserver it is forked from) imports this package for the engine and never needs the
 # controller, the magics or IPython, which an eager import here gave every worker to import.
@@ -46,6 +48,18 @@ _EXPORTS = {
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 # Modules used by their name (``monarch_nb.checkpoint.save(...)``), imported when first used too.
 _MODULES = {"checkpoint": "monarch_nb.rank.checkpoint"}
+
+
+def _widget_relay(send):
+    """A controller's twins of its ranks' widgets (notebook/comm_relay.py), imported as the first
+    controller is made: the controller's folder is below the notebook's (docs/architecture.md),
+    and a worker, which imports this package too, never makes one."""
+    from monarch_nb.notebook.comm_relay import CommRelay
+
+    return CommRelay(send)
+
+
+_errors.widget_relay = _widget_relay
 
 if TYPE_CHECKING:
     from monarch_nb.actors import (

@@ -1,4 +1,5 @@
-"""What every part of the package may import: the cluster error and the current controller.
+"""What every part of the package may import: the cluster error, the current controller and
+the maker of a controller's widget relay.
 
 Nothing here imports the rest of the package, so the import graph stays one-way: the
 controller, the actors, ``log()`` and the magics meet here rather than in each other.
@@ -6,12 +7,16 @@ controller, the actors, ``log()`` and the magics meet here rather than in each o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any
 
-if TYPE_CHECKING:
-    from monarch_nb.controller.controller import Controller
+# The current controller: a controller/controller.py Controller, whose folder is above this one.
+_current: Any = None
 
-_current: Controller | None = None
+# Makes a controller's twins of its ranks' widgets from ``send(rank, msg) -> bool`` (the
+# notebook folder's CommRelay): the controller sits below the notebook folder and cannot import
+# it, so monarch_nb/__init__.py, which runs before any of the package's modules, puts it here.
+widget_relay: Callable[[Callable[[int, dict], bool]], Any] | None = None
 
 
 class ClusterError(RuntimeError):
@@ -21,12 +26,12 @@ class ClusterError(RuntimeError):
         return [f"ClusterError: {self}"]
 
 
-def current() -> Controller | None:
+def current() -> Any:
     """The controller that ``%%monarch`` cells and ``log()`` use: the last made by ``up()`` or
     ``connect()``, until its ``down()``."""
     return _current
 
 
-def set_current(ctl: Controller | None) -> None:
+def set_current(ctl: Any) -> None:
     global _current
     _current = ctl

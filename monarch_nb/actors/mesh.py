@@ -127,6 +127,7 @@ class _ControllerActors:
         self.broadcast_errors: list[ActorError] = []
         self._watched: set[str] = set()
         ctl.restart_hooks.append(self._restarting)
+        ctl.closing_hooks["actors"], ctl.owing_hooks["actors"] = close, calls_owed
 
     def _restarting(self) -> None:
         """Every actor goes with its worker; say why, and forget the meshes."""

@@ -37,7 +37,7 @@ from monarch_nb.actors.actor import (
 from monarch_nb.actors.mailbox import ATTACH, Mailbox
 from monarch_nb.actors.output import ActorConsole, ActorOutbox
 from monarch_nb.actors.transport import ActorWire, Channel, listen_host, server_ssl_context
-from monarch_nb.rank import capture, debugger
+from monarch_nb.rank import capture, debugger, leaving
 
 PLUGIN_NAME = "monarch-actors"
 STOPPED = "the actor was stopped while this call ran"
@@ -82,6 +82,8 @@ class ActorPlugin(WorkerPlugin):
             _host = ActorHost(worker)
         _host.keep = getattr(self, "keep", False)
         worker.handlers[ATTACH] = _host.attach
+        if wait_idle not in leaving.waits:  # a worker leaving with %monarch scale waits for them
+            leaving.waits.append(wait_idle)
 
 
 def live(engine=None, caller: str = "") -> list[dict[str, Any]]:

@@ -25,10 +25,10 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from monarch_nb import registry
+from monarch_nb import errors, registry
 from monarch_nb.controller import (
     attach,
     data,
@@ -54,7 +54,6 @@ from monarch_nb.controller.reader import Reader
 from monarch_nb.controller.results import Interrupted, ValueMesh
 from monarch_nb.controller.targets import format_ranks, parse_targets
 from monarch_nb.errors import ClusterError
-from monarch_nb.notebook.comm_relay import CommRelay
 from monarch_nb.rank import autoreload as rank_autoreload
 from monarch_nb.rank import remote
 from monarch_nb.rank.engine import PLUGIN_NAME, EnginePlugin
@@ -85,7 +84,7 @@ class Controller:
         self.closed = False
         self.ranks: list[RankInfo] = []
         self._router = Router()
-        self.comms = CommRelay(self._send_comm)  # twins of the ranks' widgets
+        self.comms = errors.widget_relay(self._send_comm)  # twins of the ranks' widgets
         self._router.comms = self.comms
         self._reader = Reader(self._router)
         self._links: dict[int, Link] = {}
@@ -102,6 +101,12 @@ class Controller:
         self._said: set[str] = set()  # notices given once per controller
         self._restarting = False
         self.restart_hooks: list = []  # called before the workers restart (the actors' state)
+        # Filled by the folders above this one as they are first used, under their names
+        # (actors/mesh.py): each closing hook is called with (controller, why or None) as this
+        # kernel's side closes (down, detach); each owing hook with (controller, addresses)
+        # says how many replies the workers there still owe, which %monarch scale waits for.
+        self.closing_hooks: dict[str, Callable[[Controller, str | None], None]] = {}
+        self.owing_hooks: dict[str, Callable[[Controller, set[str]], int]] = {}
         self._detached = False  # a restart was interrupted: attach to the new workers on use
         self._notices_lock = threading.Lock()
         self._loop = client.loop.asyncio_loop

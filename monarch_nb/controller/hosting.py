@@ -96,12 +96,19 @@ def devices(plans) -> str:
     return f"{len(plans)} {clusters.detect_gpus().vendor or 'gpu'}"
 
 
+# Run as ``python -c BOOT SYS_PATH READY_FD``: the kernel's sys.path first, so that the host and
+# its workers import what the kernel imports (monarch_nb from a checkout included). The host's
+# code (host/main.py) is named here, not imported: its folder is above this one.
+BOOT = (
+    "import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
+    "from monarch_nb.host.main import main; main(int(sys.argv[2]))"
+)
+
+
 class Host:
     """A host process being started: wait with ``ready()``, stop with ``stop()``."""
 
     def __init__(self, plans, threads: int, tls: bool, idle: float, name: str, dist: bool):
-        from monarch_nb.host.main import BOOT
-
         self.id = uuid.uuid4().hex
         folder = kept.ensure_dir()
         spec = {

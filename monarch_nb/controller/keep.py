@@ -168,11 +168,9 @@ def detach(ctl: Controller) -> None:
 
 def _let_go(ctl: Controller, why: str) -> None:
     """This kernel's side of the cluster closed; the cluster and its actors go on."""
-    from monarch_nb.actors import mesh as actors
-
     name = ctl.kept["name"]
     drives_the_magics = current() is ctl  # a controller of a script's own is not the notebook's
-    actors.close(
+    lifecycle.closing(
         ctl,
         f"detached: {why}; its actors live on: %monarch attach {name}, then "
         "monarch_nb.actor_mesh(NAME) gives a handle again",

@@ -7,7 +7,6 @@ import logging
 from typing import TYPE_CHECKING
 
 from monarch_nb import registry
-from monarch_nb.actors import mesh as actors
 from monarch_nb.controller import attach
 from monarch_nb.controller import cluster as clusters
 from monarch_nb.controller.results import Interrupted
@@ -49,7 +48,7 @@ def down(ctl: Controller) -> None:
     interrupted, error = False, None
     gone = clusters.scheduler_gone(ctl.client, ctl.cluster)  # closed quickly and quietly
     for step in (
-        lambda: actors.close(ctl),
+        lambda: closing(ctl, None),
         lambda: registry.unregister(ctl),
         ctl.comms.close,
         ctl.metrics.close,
@@ -75,3 +74,9 @@ def down(ctl: Controller) -> None:
     if interrupted:
         done = "the cluster was shut down" if ctl.owns_cluster else "disconnected"
         raise Interrupted(f"%monarch down was interrupted; {done} all the same")
+
+
+def closing(ctl: Controller, why: str | None) -> None:
+    """What the folders above put in ``closing_hooks`` closes first (the actors' mailbox)."""
+    for hook in list(ctl.closing_hooks.values()):
+        hook(ctl, why)

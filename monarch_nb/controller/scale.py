@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from monarch_nb import registry
-from monarch_nb.actors import mesh as actor_meshes
-from monarch_nb.actors import worker as actor_worker
 from monarch_nb.controller import attach, capacity, joining, queue_limits, relaunch
 from monarch_nb.controller import cluster as clusters
 from monarch_nb.controller import mesh as device_mesh
@@ -30,6 +28,7 @@ from monarch_nb.controller import sync as code_sync
 from monarch_nb.controller.results import CellError, Interrupted
 from monarch_nb.controller.targets import format_ranks
 from monarch_nb.errors import ClusterError
+from monarch_nb.rank import leaving
 
 if TYPE_CHECKING:
     from monarch_nb.controller.controller import Controller
@@ -388,7 +387,7 @@ def _wait_for_replies(ctl: Controller, leaving) -> None:
     sent a moment ago may not have reached its rank yet, where ``_finish_work`` looks."""
     addresses = {info.address for info in leaving}
     start, told = time.monotonic(), False
-    while owed := actor_meshes.calls_owed(ctl, addresses):
+    while owed := sum(hook(ctl, addresses) for hook in list(ctl.owing_hooks.values())):
         if not told and time.monotonic() - start > 1:
             calls = "1 actor call" if owed == 1 else f"{owed} actor calls"
             print(
@@ -456,7 +455,7 @@ def _retire(ctl: Controller, leaving) -> None:
 # -- on the ranks -------------------------------------------------------------------------------
 def _finish_work(engine) -> None:
     """On a leaving rank's thread, after what was queued before: wait for its actors' calls."""
-    actor_worker.wait_idle(
+    leaving.wait_for_work(
         told=lambda name: print(
             f"waiting for the running calls of actor {name!r} to end before leaving "
             "(interrupt to stop waiting: nothing is scaled then)",

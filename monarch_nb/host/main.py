@@ -25,12 +25,6 @@ from typing import Any
 
 from monarch_nb import kept
 
-# Run as ``python -c BOOT SYS_PATH READY_FD``: the kernel's sys.path first, so that the host and
-# its workers import what the kernel imports (monarch_nb from a checkout included).
-BOOT = (
-    "import json, sys; sys.path[:0] = json.loads(sys.argv[1]); "
-    "from monarch_nb.host.main import main; main(int(sys.argv[2]))"
-)
 TICK = 0.5  # seconds between looks at the idle clock and the scheduler
 
 

@@ -13,20 +13,25 @@ which relay to the ranks as before.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from monarch_nb.notebook.comm_relay import CommRelay
+from typing import Any, Protocol
 
 CONTROL_TARGET = "jupyter.widget.control"
 WIDGET_TARGET = "jupyter.widget"
 
-_relays: weakref.WeakSet[CommRelay] = weakref.WeakSet()
+
+class Relay(Protocol):
+    """What is asked of comm_relay.py's ``CommRelay`` here: its twins, each with its state."""
+
+    def twins(self) -> list:
+        """The twins of its rank comms."""
+
+
+_relays: weakref.WeakSet[Relay] = weakref.WeakSet()
 _kept: weakref.WeakSet = weakref.WeakSet()  # twins whose cluster went down, still open
 _serving = False
 
 
-def serve(relay: CommRelay) -> None:
+def serve(relay: Relay) -> None:
     """Put ``relay``'s twins into the answer a loading page gets (in a Jupyter kernel, where
     the first twin opens)."""
     global _serving

@@ -21,10 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from monarch_nb.rank.capture import Console
+from typing import Any, Protocol
 
 SETTLE_MAX = 0.05  # seconds a print waits for descriptor output written before it
 PIPE_SIZE = 1024 * 1024  # bytes a captured descriptor's pipe holds (Linux's default maximum)
@@ -36,6 +33,13 @@ LONG_LINE = 64 * 1024
 LINE_QUIET = 0.5
 LINE_WAIT = 5.0
 LINE_MAX = 4 * 1024 * 1024
+
+
+class CellConsole(Protocol):
+    """What a cell's console (capture.py's ``Console``) does for the captured descriptors."""
+
+    def write_running(self, name: str, s: str) -> bool:
+        """Send ``s`` to the running cell; False when none runs."""
 
 
 class _Pipe:
@@ -92,7 +96,7 @@ class FdCapture:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._running: list[Console] = []  # the consoles running a cell, latest last
+        self._running: list[CellConsole] = []  # the consoles running a cell, latest last
         self.pipes = {name: _Pipe(fd, name) for fd, name in ((1, "stdout"), (2, "stderr"))}
         self._originals: dict[str, Any] = {}
         self._pumps = 0  # times the pipes were read and what came sent on
@@ -120,7 +124,7 @@ class FdCapture:
             )
         return stream
 
-    def enter(self, console: Console) -> None:
+    def enter(self, console: CellConsole) -> None:
         _flush_buffers()  # what was printed before the cell is not the cell's
         with self._lock:
             self._running.append(console)
@@ -128,7 +132,7 @@ class FdCapture:
                 for pipe in self.pipes.values():
                     os.dup2(pipe.write, pipe.fd)
 
-    def leave(self, console: Console) -> None:
+    def leave(self, console: CellConsole) -> None:
         _flush_buffers()
         with self._lock:
             try:
