@@ -23,9 +23,9 @@ from types import SimpleNamespace
 import cloudpickle
 import machine
 
-from monarch_nb.controller import dispatch, gathering, links
-from monarch_nb.controller.output import Renderer
-from monarch_nb.controller.reader import Reader
+from monarch_nb.dispatch import dispatch, gathering, links
+from monarch_nb.dispatch.output import Renderer
+from monarch_nb.dispatch.reader import Reader
 from monarch_nb.wire import HEADER, FrameConn
 
 

@@ -22,7 +22,7 @@ import select
 import socket
 import time
 
-from monarch_nb.controller.links import new_id
+from monarch_nb.dispatch.links import new_id
 from monarch_nb.wire import HEADER
 
 

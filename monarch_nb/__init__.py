@@ -28,8 +28,8 @@ _EXPORTS = {
         "proc_mesh",
     ),
     "monarch_nb.controller.controller": ("Controller",),
-    "monarch_nb.controller.handles": ("CellHandle",),
-    "monarch_nb.controller.results": (
+    "monarch_nb.dispatch.handles": ("CellHandle",),
+    "monarch_nb.dispatch.results": (
         "CellError",
         "CellTimeout",
         "RemoteError",
@@ -38,7 +38,7 @@ _EXPORTS = {
     ),
     "monarch_nb.controller.start": ("attach", "connect", "up"),
     "monarch_nb.actors.recover": ("actor_mesh",),
-    "monarch_nb.controller.targets": ("TargetError", "parse_targets"),
+    "monarch_nb.dispatch.targets": ("TargetError", "parse_targets"),
     "monarch_nb.errors": ("ClusterError", "current"),
     "monarch_nb.notebook.bokeh_display": ("show",),
     "monarch_nb.rank.labels": ("label",),
@@ -76,16 +76,16 @@ if TYPE_CHECKING:
     )
     from monarch_nb.actors.recover import actor_mesh
     from monarch_nb.controller.controller import Controller
-    from monarch_nb.controller.handles import CellHandle
-    from monarch_nb.controller.results import (
+    from monarch_nb.controller.start import attach, connect, up
+    from monarch_nb.dispatch.handles import CellHandle
+    from monarch_nb.dispatch.results import (
         CellError,
         CellTimeout,
         RemoteError,
         UnserializableResult,
         ValueMesh,
     )
-    from monarch_nb.controller.start import attach, connect, up
-    from monarch_nb.controller.targets import TargetError, parse_targets
+    from monarch_nb.dispatch.targets import TargetError, parse_targets
     from monarch_nb.errors import ClusterError, current
     from monarch_nb.notebook.bokeh_display import show
     from monarch_nb.rank import checkpoint

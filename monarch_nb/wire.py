@@ -242,7 +242,7 @@ class FrameConn:
                 return None
         else:
             scratch = _scratch()
-            try:  # two threads may both have seen it readable (controller/reader.py)
+            try:  # two threads may both have seen it readable (dispatch/reader.py)
                 got = self.sock.recv_into(scratch, MAX_READ, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 return []
@@ -330,7 +330,7 @@ def _wait(sock: socket.socket, events: int, timeout: float) -> bool:
 
 def sent_after(request_id: str | None, mark: str) -> bool:
     """Whether request ``request_id`` was made after ``mark`` by the same controller process
-    (ids are ``kind-N-P``: controller/links.py's ``new_id``)."""
+    (ids are ``kind-N-P``: dispatch/links.py's ``new_id``)."""
     try:
         _, n, process = (request_id or "").rsplit("-", 2)
         _, n_mark, process_mark = mark.rsplit("-", 2)

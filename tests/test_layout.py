@@ -20,6 +20,7 @@ SHARED = {"__init__.py", "errors.py", "kept.py", "registry.py", "wire.py"}
 LEVELS = [
     ("shared",),
     ("rank", "telemetry"),
+    ("dispatch",),
     ("controller",),
     ("host", "actors"),
     ("notebook",),

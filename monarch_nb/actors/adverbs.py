@@ -12,7 +12,7 @@ import cloudpickle
 
 from monarch_nb.actors.mailbox import Pending
 from monarch_nb.actors.wire import ActorError, Future, SupervisionError, decode_error
-from monarch_nb.controller.results import ValueMesh
+from monarch_nb.dispatch.results import ValueMesh
 
 _EMPTY_ARGS = cloudpickle.dumps(((), {}), protocol=5)
 

@@ -59,8 +59,8 @@ from monarch_nb.actors.mailbox import Mailbox
 from monarch_nb.actors.stops import stops
 from monarch_nb.actors.wire import ActorError, Future, SupervisionError, decode_error, sources
 from monarch_nb.actors.worker import PLUGIN_NAME, ActorPlugin, current_host
-from monarch_nb.controller.results import Interrupted
 from monarch_nb.controller.stacks import ask as actor_stacks
+from monarch_nb.dispatch.results import Interrupted
 from monarch_nb.errors import ClusterError
 from monarch_nb.errors import current as current_controller
 

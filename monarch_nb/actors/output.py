@@ -81,7 +81,7 @@ def show(msg: dict[str, Any]) -> None:
 
 
 def _show(msg: dict[str, Any]) -> None:
-    from monarch_nb.controller.output import ConsoleSink
+    from monarch_nb.dispatch.output import ConsoleSink
 
     tag = f"[{msg['mesh']} rank {msg['r']}]"
     for event in msg["out"]:

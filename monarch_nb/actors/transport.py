@@ -9,7 +9,7 @@ its messages (a list of dicts per frame) on that socket from whichever thread se
 worker's one actor I/O thread reads every caller's socket and hands each message to its actor's
 thread, which writes the reply itself; the caller's ``Reader`` thread settles the Future. The
 comm stays open and idle: its closing is the news that the other process is gone, as for the
-engine's data path (rank/engine_io.py, controller/links.py).
+engine's data path (rank/engine_io.py, dispatch/links.py).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import cloudpickle
 
 from monarch_nb.actors.actor import EndpointProperty
 from monarch_nb.actors.stops import stops
-from monarch_nb.controller.results import Interrupted, RemoteError
+from monarch_nb.dispatch.results import Interrupted, RemoteError
 
 # Source spans kept per function name: a class redefined in cell after cell keeps only its
 # latest versions (the older ones are what tracebacks least often show).
@@ -47,7 +47,7 @@ class ActorError(RemoteError):
     def debug(self) -> None:
         """pdb on the rank where the call failed, at the endpoint's frames, from the notebook's
         input box (as ``%monarch debug`` after a cell); ``q`` ends it."""
-        from monarch_nb.controller import prompting
+        from monarch_nb.dispatch import prompting
 
         prompting.debug_actor(self)
 
@@ -163,7 +163,7 @@ class Future:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._event.is_set():
             if stops.event.is_set():
-                from monarch_nb.controller import prompting
+                from monarch_nb.dispatch import prompting
 
                 for rank in stops.take():
                     prompting.attach_actor(rank)

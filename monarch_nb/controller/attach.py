@@ -11,11 +11,11 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from monarch_nb.controller import dispatch, gathering
 from monarch_nb.controller import sync as code_sync
-from monarch_nb.controller.links import Link, RankInfo, Request
-from monarch_nb.controller.setup_wait import wait_for_setup
-from monarch_nb.controller.targets import format_ranks
+from monarch_nb.dispatch import dispatch, gathering
+from monarch_nb.dispatch.links import Link, RankInfo, Request
+from monarch_nb.dispatch.setup_wait import wait_for_setup
+from monarch_nb.dispatch.targets import format_ranks
 from monarch_nb.errors import ClusterError
 
 if TYPE_CHECKING:

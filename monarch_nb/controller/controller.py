@@ -29,30 +29,25 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from monarch_nb import errors, registry
-from monarch_nb.controller import (
-    attach,
-    data,
-    dispatch,
-    gathering,
-    interrupting,
-    keep,
-    lifecycle,
-    scale,
-    stacks,
-    status,
-    syntax,
-)
+from monarch_nb.controller import attach, data, keep, lifecycle, scale, stacks, status
 from monarch_nb.controller import (
     mesh as device_mesh,
 )
 from monarch_nb.controller import sync as code_sync
-from monarch_nb.controller.dist import DistError, adopt_group, form_group, form_if_pending
-from monarch_nb.controller.handles import CellHandle
-from monarch_nb.controller.links import Link, RankInfo, Router
-from monarch_nb.controller.output import Renderer, live_sink
-from monarch_nb.controller.reader import Reader
-from monarch_nb.controller.results import Interrupted, ValueMesh
-from monarch_nb.controller.targets import format_ranks, parse_targets
+from monarch_nb.controller.dist import (
+    DistError,
+    adopt_group,
+    form_group,
+    form_if_pending,
+    regroup_after_interrupt,
+)
+from monarch_nb.dispatch import dispatch, gathering, interrupting, syntax
+from monarch_nb.dispatch.handles import CellHandle
+from monarch_nb.dispatch.links import Link, RankInfo, Router
+from monarch_nb.dispatch.output import Renderer, live_sink
+from monarch_nb.dispatch.reader import Reader
+from monarch_nb.dispatch.results import Interrupted, ValueMesh
+from monarch_nb.dispatch.targets import format_ranks, parse_targets
 from monarch_nb.errors import ClusterError
 from monarch_nb.rank import autoreload as rank_autoreload
 from monarch_nb.rank import remote
@@ -93,7 +88,7 @@ class Controller:
         self._known: dict[int, dict[str, Any]] = {}
         self.unanswering: set[int] = set()
         self.last_failure = None  # the last failed cell's tracebacks, kept on its ranks
-        self.debugging: int | None = None  # the rank a debugger is open on (prompting.py)
+        self.debugging: int | None = None  # the rank a debugger is open on (dispatch/prompting.py)
         self.reloading = False  # %monarch autoreload: every cell asks its ranks to reload
         self.synced: dict[str, str] = {}  # name -> path %monarch sync sent, for new workers
         self._cells = itertools.count(1)
@@ -144,6 +139,11 @@ class Controller:
                 self.dist_error = str(e)
                 return
             device_mesh.build(self)
+
+    def _regroup_after_interrupt(self, req, outcomes: dict[int, dict]) -> None:
+        """A request's outcomes, before they settle (dispatch/dispatch.py): an interrupt that
+        left the ranks at different collectives has the process group formed again."""
+        regroup_after_interrupt(self, req, outcomes)
 
     def _send_comm(self, rank: int, msg: dict[str, Any]) -> bool:
         """A browser's message to a widget on ``rank``, on its control comm: not queued behind

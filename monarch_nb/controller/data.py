@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
-from monarch_nb.controller import dispatch
-from monarch_nb.controller.names import python_name, rank_name
-from monarch_nb.controller.results import CellError, UnserializableResult, ValueMesh
-from monarch_nb.controller.targets import format_ranks
+from monarch_nb.dispatch import dispatch
+from monarch_nb.dispatch.names import python_name, rank_name
+from monarch_nb.dispatch.results import CellError, UnserializableResult, ValueMesh
+from monarch_nb.dispatch.targets import format_ranks
 from monarch_nb.rank import remote
 
 if TYPE_CHECKING:

@@ -16,10 +16,10 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from monarch_nb.controller.gathering import gather
-from monarch_nb.controller.output import Renderer
-from monarch_nb.controller.results import CellError, Interrupted
-from monarch_nb.controller.targets import format_ranks
+from monarch_nb.dispatch.gathering import gather
+from monarch_nb.dispatch.output import Renderer
+from monarch_nb.dispatch.results import CellError, Interrupted
+from monarch_nb.dispatch.targets import format_ranks
 from monarch_nb.errors import ClusterError
 from monarch_nb.rank import mesh as rank_mesh
 from monarch_nb.rank import session

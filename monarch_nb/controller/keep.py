@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from monarch_nb import kept, registry
 from monarch_nb.controller import hosting, lifecycle
-from monarch_nb.controller.targets import format_ranks
+from monarch_nb.dispatch.targets import format_ranks
 from monarch_nb.errors import ClusterError, current
 
 if TYPE_CHECKING:

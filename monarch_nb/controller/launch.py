@@ -19,7 +19,7 @@ import socket
 import sys
 
 from monarch_nb.controller.dist import master_host
-from monarch_nb.controller.results import CellError, RemoteError, ValueMesh
+from monarch_nb.dispatch.results import CellError, RemoteError, ValueMesh
 from monarch_nb.rank import children
 
 # The variables that narrow which GPUs a process sees: AMD's runtime, HIP, CUDA.

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from monarch_nb import registry
 from monarch_nb.controller import attach
 from monarch_nb.controller import cluster as clusters
-from monarch_nb.controller.results import Interrupted
+from monarch_nb.dispatch.results import Interrupted
 from monarch_nb.errors import current, set_current
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from monarch_nb.controller.results import CellError
+from monarch_nb.dispatch.results import CellError
 from monarch_nb.errors import ClusterError
 from monarch_nb.rank import mesh as rank_mesh
 

@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from monarch_nb.controller import attach
-from monarch_nb.controller.targets import format_ranks
+from monarch_nb.dispatch.targets import format_ranks
 from monarch_nb.errors import ClusterError
 
 if TYPE_CHECKING:

@@ -25,8 +25,8 @@ from monarch_nb.controller import attach, capacity, joining, queue_limits, relau
 from monarch_nb.controller import cluster as clusters
 from monarch_nb.controller import mesh as device_mesh
 from monarch_nb.controller import sync as code_sync
-from monarch_nb.controller.results import CellError, Interrupted
-from monarch_nb.controller.targets import format_ranks
+from monarch_nb.dispatch.results import CellError, Interrupted
+from monarch_nb.dispatch.targets import format_ranks
 from monarch_nb.errors import ClusterError
 from monarch_nb.rank import leaving
 

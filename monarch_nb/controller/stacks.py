@@ -3,7 +3,7 @@
 The request travels on each rank's control comm and is answered on the worker's event loop
 (rank/stacks.py), as interrupt and info are: the rank's own thread may be blocked in a C call.
 A rank silent for ANSWER_WITHIN seconds is reported not answering (stopped, or a C call holds
-the GIL; unanswered.py says which) rather than waited for. Safe from any thread: a second
+the GIL; dispatch/unanswered.py says which) rather than waited for. Safe from any thread: a second
 thread may ask while the notebook's thread waits on a blocking cell.
 """
 
@@ -14,11 +14,11 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from monarch_nb.controller import dispatch, unanswered
-from monarch_nb.controller.links import Request
-from monarch_nb.controller.reader import next_event
-from monarch_nb.controller.results import Interrupted
-from monarch_nb.controller.stacks_report import StacksReport
+from monarch_nb.dispatch import dispatch, unanswered
+from monarch_nb.dispatch.links import Request
+from monarch_nb.dispatch.reader import next_event
+from monarch_nb.dispatch.results import Interrupted
+from monarch_nb.dispatch.stacks_report import StacksReport
 from monarch_nb.errors import ClusterError
 
 if TYPE_CHECKING:

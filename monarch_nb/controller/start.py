@@ -28,7 +28,7 @@ from monarch_nb.controller import (
 from monarch_nb.controller import cluster as clusters
 from monarch_nb.controller import keep as lease
 from monarch_nb.controller import mesh as device_mesh
-from monarch_nb.controller.results import Interrupted
+from monarch_nb.dispatch.results import Interrupted
 from monarch_nb.errors import ClusterError, set_current
 from monarch_nb.errors import current as current_controller
 from monarch_nb.rank import session

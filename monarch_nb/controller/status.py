@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from monarch_nb.controller import dispatch
+from monarch_nb.dispatch import dispatch
 
 if TYPE_CHECKING:
     from monarch_nb.controller.controller import Controller

@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from monarch_nb.controller import dispatch
-from monarch_nb.controller.targets import format_ranks
+from monarch_nb.dispatch import dispatch
+from monarch_nb.dispatch.targets import format_ranks
 from monarch_nb.rank import sync as rank_sync
 
 if TYPE_CHECKING:

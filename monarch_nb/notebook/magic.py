@@ -12,11 +12,11 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from monarch_nb import errors
-from monarch_nb.controller import syntax
-from monarch_nb.controller.handles import CellHandle
-from monarch_nb.controller.names import notebook_name
-from monarch_nb.controller.results import CellError, CellSyntaxError, Interrupted
-from monarch_nb.controller.targets import TargetError
+from monarch_nb.dispatch import syntax
+from monarch_nb.dispatch.handles import CellHandle
+from monarch_nb.dispatch.names import notebook_name
+from monarch_nb.dispatch.results import CellError, CellSyntaxError, Interrupted
+from monarch_nb.dispatch.targets import TargetError
 from monarch_nb.errors import ClusterError
 from monarch_nb.notebook import (
     magic_cluster,

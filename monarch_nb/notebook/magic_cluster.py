@@ -16,7 +16,7 @@ from monarch_nb.actors import mesh as actors
 from monarch_nb.controller import keep, start
 from monarch_nb.controller import mesh as device_mesh
 from monarch_nb.controller.launch import run_script
-from monarch_nb.controller.targets import TargetError, format_ranks
+from monarch_nb.dispatch.targets import TargetError, format_ranks
 from monarch_nb.errors import ClusterError
 from monarch_nb.notebook import rank_groups
 

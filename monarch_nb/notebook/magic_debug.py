@@ -10,8 +10,8 @@ from IPython.core.error import UsageError
 
 from monarch_nb.actors.stops import stops
 from monarch_nb.actors.wire import ActorError
-from monarch_nb.controller import prompting
-from monarch_nb.controller.results import CellError
+from monarch_nb.dispatch import prompting
+from monarch_nb.dispatch.results import CellError
 from monarch_nb.notebook.magic_cluster import controller, guard
 
 NO_FAILED_CELL = (

@@ -7,7 +7,7 @@ from __future__ import annotations
 from monarch_nb import kept
 from monarch_nb.actors import recover
 from monarch_nb.controller import keep, start
-from monarch_nb.controller.targets import format_ranks
+from monarch_nb.dispatch.targets import format_ranks
 from monarch_nb.notebook.magic_cluster import _print_ranks, controller, format_table, guard
 
 GONE = (

@@ -18,8 +18,8 @@ import html
 import statistics
 from typing import Any
 
-from monarch_nb.controller.merging import far_apart
-from monarch_nb.controller.targets import format_ranks
+from monarch_nb.dispatch.merging import far_apart
+from monarch_nb.dispatch.targets import format_ranks
 from monarch_nb.notebook.panel_charts import chart, clip, finite, fmt, text
 from monarch_nb.telemetry.figures import GIB, color
 from monarch_nb.telemetry.store import thin

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from monarch_nb.controller.targets import compact
+from monarch_nb.dispatch.targets import compact
 
 GROUP_FROM = 16  # ranks from which rows are grouped (the live panel turns compact there too)
 PER_RANK = ("rank", "pid", "mesh")  # columns that differ from rank to rank

@@ -15,7 +15,7 @@ import collections
 import threading
 import time
 
-from monarch_nb.controller.targets import format_ranks
+from monarch_nb.dispatch.targets import format_ranks
 from monarch_nb.notebook import panel_svg
 from monarch_nb.notebook.stuck import StuckWatch
 from monarch_nb.telemetry import metrics

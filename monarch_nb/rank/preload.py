@@ -35,7 +35,7 @@ MODULES = (
     "tornado.platform.asyncio",
     "monarch_nb.controller.dist",
     "torch.distributed.nn.functional",  # before any group: controller/dist.py's _unpin
-    "monarch_nb.controller.reader",
+    "monarch_nb.dispatch.reader",
     "monarch_nb.rank.remote",
     "monarch_nb.telemetry.recorder",
     "monarch_nb.telemetry.samplers",

@@ -23,7 +23,7 @@ from monarch_nb.actors import ActorError, SupervisionError
 from monarch_nb.actors import actor as actors_context
 from monarch_nb.actors import mesh as actors
 from monarch_nb.actors.wire import MAX_SPANS, Future, _Sources
-from monarch_nb.controller.results import ValueMesh
+from monarch_nb.dispatch.results import ValueMesh
 
 cloudpickle.register_pickle_by_value(helpers)
 

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from monarch_nb import CellError
-from monarch_nb.controller.results import Interrupted
+from monarch_nb.dispatch.results import Interrupted
 
 LONG = "import time\nfor _ in range(600):\n    time.sleep(0.05)"  # 30 s, interruptible
 

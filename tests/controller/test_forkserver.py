@@ -97,7 +97,7 @@ def test_importing_the_package_imports_neither_dask_nor_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.splitlines() == [
         "[]",
-        "monarch_nb.controller.start monarch_nb.controller.results True",
+        "monarch_nb.controller.start monarch_nb.dispatch.results True",
     ], out
     with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
         monarch_nb.nothing  # noqa: B018

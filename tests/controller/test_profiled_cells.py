@@ -9,7 +9,7 @@ import threading
 import pytest
 
 import monarch_nb
-from monarch_nb.controller.results import CellError
+from monarch_nb.dispatch.results import CellError
 
 PROFILE = """
 import cProfile, io, pstats

@@ -24,7 +24,7 @@ from monarch_nb.actors import mesh as actors
 from monarch_nb.controller import attach, capacity
 from monarch_nb.controller import cluster as clusters
 from monarch_nb.controller import scale as scaling
-from monarch_nb.controller.links import RankInfo
+from monarch_nb.dispatch.links import RankInfo
 from monarch_nb.telemetry.store import Store
 
 cloudpickle.register_pickle_by_value(helpers)

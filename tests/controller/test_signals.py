@@ -21,7 +21,7 @@ from _wait import stop, wait_for
 import monarch_nb
 from monarch_nb import CellError, CellTimeout, ClusterError
 from monarch_nb import errors as module
-from monarch_nb.controller.results import Interrupted
+from monarch_nb.dispatch.results import Interrupted
 
 
 def interrupt_after(seconds: float) -> None:

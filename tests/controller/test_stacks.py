@@ -23,7 +23,7 @@ from monarch_nb import ClusterError
 from monarch_nb.actors import Actor, endpoint
 from monarch_nb.actors import mesh as actors
 from monarch_nb.controller.stacks import ANSWER_WITHIN
-from monarch_nb.controller.stacks_report import CELL_MARK
+from monarch_nb.dispatch.stacks_report import CELL_MARK
 from monarch_nb.rank import stacks as rank_stacks
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actor below, by value
@@ -271,7 +271,7 @@ def test_a_cluster_that_is_down_says_so():
 
 
 def test_64_ranks_stacks_fit_one_screen_with_the_silent_ones_in_one_line():
-    from monarch_nb.controller.stacks_report import StacksReport
+    from monarch_nb.dispatch.stacks_report import StacksReport
 
     frames = [["<cell-1>", 3, "<module>", "time.sleep(60)", False]]
     thread = {"name": "monarch-engine", "kind": "cell", "actor": None, "frames": frames}

@@ -19,7 +19,7 @@ from _wait import stop
 from distributed import Security
 
 import monarch_nb
-from monarch_nb.controller import links, setup_wait
+from monarch_nb.dispatch import links, setup_wait
 from monarch_nb.wire import FrameConn
 
 

@@ -21,7 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from monarch_nb.controller.links import Link, Router
+    from monarch_nb.dispatch.links import Link, Router
 
 _local = threading.local()  # .reader: the Reader whose links this thread reads, if any
 

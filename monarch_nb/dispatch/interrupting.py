@@ -10,11 +10,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from monarch_nb.controller import dispatch, unanswered
-from monarch_nb.controller.targets import format_ranks
+from monarch_nb.dispatch import dispatch, unanswered
+from monarch_nb.dispatch.targets import format_ranks
 
 if TYPE_CHECKING:
-    from monarch_nb.controller.controller import Controller
+    from monarch_nb.dispatch.protocol import Ctl
 
 POLL = 0.05  # seconds between two looks at what the interrupted ranks run
 
@@ -62,7 +62,7 @@ class Interruption:
         return "; ".join(parts)
 
 
-def interrupt(ctl: Controller, ranks: list[int]) -> Interruption:
+def interrupt(ctl: Ctl, ranks: list[int]) -> Interruption:
     """Interrupt whatever ``ranks`` run and wait, up to the grace a Ctrl-C gives, for it to
     stop. Asked behind the interrupt on the same comm, a rank's first answer names the request
     it was running when the interrupt came; it has stopped once it runs another, or none."""

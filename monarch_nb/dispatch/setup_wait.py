@@ -15,9 +15,9 @@ import contextlib
 import time
 from collections.abc import Callable
 
-from monarch_nb.controller import gathering
-from monarch_nb.controller.links import Request
-from monarch_nb.controller.output import Renderer
+from monarch_nb.dispatch import gathering
+from monarch_nb.dispatch.links import Request
+from monarch_nb.dispatch.output import Renderer
 
 SETUP_TIMEOUT = 300.0  # a setup that runs (or waits behind a running cell) gets this long
 PROBE_EVERY = 5.0  # seconds of silence before a rank is asked what it does

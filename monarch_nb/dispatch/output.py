@@ -17,8 +17,8 @@ import time
 from collections import deque
 from typing import Any
 
-from monarch_nb.controller import merging
-from monarch_nb.controller.targets import format_ranks
+from monarch_nb.dispatch import merging
+from monarch_nb.dispatch.targets import format_ranks
 
 COLLAPSE_WINDOW = 0.2  # seconds a line waits for the same line from the other ranks
 # ... counted from the last rank that joined it, up to this many windows (at least HOLD_MIN s)

@@ -9,8 +9,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from monarch_nb.controller import merging
-from monarch_nb.controller.targets import format_ranks
+from monarch_nb.dispatch import merging
+from monarch_nb.dispatch.targets import format_ranks
 from monarch_nb.rank.cells import CELL_PREFIX
 
 CELL_MARK = "<- the cell"

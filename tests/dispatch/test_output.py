@@ -2,7 +2,7 @@
 
 import time
 
-from monarch_nb.controller.output import LiveSink, Renderer
+from monarch_nb.dispatch.output import LiveSink, Renderer
 
 
 class ListSink:
@@ -130,7 +130,7 @@ def test_a_value_mesh_shows_every_value_in_full_where_repr_stays_short():
     import torch
     from IPython.lib.pretty import pretty
 
-    from monarch_nb.controller.results import ValueMesh
+    from monarch_nb.dispatch.results import ValueMesh
 
     values = {0: torch.arange(40.0).view(4, 10), 1: "x" * 100}
     mesh = ValueMesh(values)
@@ -268,7 +268,7 @@ def test_under_16_ranks_every_rank_keeps_its_own_numbers():
 def test_a_line_that_ranks_print_over_several_windows_stays_one_line(monkeypatch):
     from types import SimpleNamespace
 
-    from monarch_nb.controller import output
+    from monarch_nb.dispatch import output
 
     now = [0.0]
     monkeypatch.setattr(output, "time", SimpleNamespace(monotonic=lambda: now[0]))

@@ -6,21 +6,21 @@ import contextlib
 import threading
 from typing import TYPE_CHECKING, Any
 
-from monarch_nb.controller import dispatch
-from monarch_nb.controller.links import Request
-from monarch_nb.controller.output import ConsoleSink, Renderer
-from monarch_nb.controller.results import Interrupted, ValueMesh
-from monarch_nb.controller.targets import format_ranks
+from monarch_nb.dispatch import dispatch
+from monarch_nb.dispatch.links import Request
+from monarch_nb.dispatch.output import ConsoleSink, Renderer
+from monarch_nb.dispatch.results import Interrupted, ValueMesh
+from monarch_nb.dispatch.targets import format_ranks
 
 if TYPE_CHECKING:
-    from monarch_nb.controller.controller import Controller
+    from monarch_nb.dispatch.protocol import Ctl
 
 
 class CellHandle:
     """A cell started with ``block=False`` (``--noblock``): output keeps arriving while the
     notebook stays usable."""
 
-    def __init__(self, ctl: Controller, req: Request, renderer: Renderer, timeout: float | None):
+    def __init__(self, ctl: Ctl, req: Request, renderer: Renderer, timeout: float | None):
         self._ctl, self._req = ctl, req
         self._done = threading.Event()
         # interrupt() sets it: the follower stops waiting for ranks that cannot answer (a

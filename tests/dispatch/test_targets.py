@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from monarch_nb.controller.targets import TargetError, compact, format_ranks, parse_targets
+from monarch_nb.dispatch.targets import TargetError, compact, format_ranks, parse_targets
 
 
 @pytest.mark.parametrize(

@@ -26,9 +26,9 @@ from typing import Any
 from IPython.core.error import StdinNotImplementedError
 
 from monarch_nb import errors
-from monarch_nb.controller.output import Renderer
-from monarch_nb.controller.reader import next_event
-from monarch_nb.controller.targets import format_ranks
+from monarch_nb.dispatch.output import Renderer
+from monarch_nb.dispatch.reader import next_event
+from monarch_nb.dispatch.targets import format_ranks
 from monarch_nb.errors import ClusterError
 from monarch_nb.wire import sent_after
 

@@ -12,7 +12,7 @@ from _wait import running
 from IPython.core.magics.execution import TimeitResult
 
 from monarch_nb import CellError, CellTimeout
-from monarch_nb.controller.syntax import UnavailableMagic, parse
+from monarch_nb.dispatch.syntax import UnavailableMagic, parse
 from monarch_nb.rank.shell import pip_turn
 
 

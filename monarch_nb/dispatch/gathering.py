@@ -18,18 +18,18 @@ from typing import Any
 
 import cloudpickle
 
-from monarch_nb.controller import prompting
-from monarch_nb.controller.links import Request
-from monarch_nb.controller.output import Renderer
-from monarch_nb.controller.reader import given_back, next_event
-from monarch_nb.controller.results import (
+from monarch_nb.dispatch import prompting
+from monarch_nb.dispatch.links import Request
+from monarch_nb.dispatch.output import Renderer
+from monarch_nb.dispatch.reader import given_back, next_event
+from monarch_nb.dispatch.results import (
     CellError,
     CellTimeout,
     RemoteError,
     UnserializableResult,
     ValueMesh,
 )
-from monarch_nb.controller.targets import format_ranks
+from monarch_nb.dispatch.targets import format_ranks
 
 
 def gather(

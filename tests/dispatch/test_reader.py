@@ -1,4 +1,4 @@
-"""Who reads the ranks' sockets on the controller (controller/reader.py): the notebook's thread
+"""Who reads the ranks' sockets on the controller (dispatch/reader.py): the notebook's thread
 while it waits for a blocking cell, the Reader's thread otherwise; nothing is lost or reordered
 when the two hand the sockets over."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
-from monarch_nb.controller.links import Router
+from monarch_nb.dispatch.links import Router
 
 
 def _recording(monkeypatch) -> list[tuple[str, str]]:

@@ -8,7 +8,7 @@ import reprlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from monarch_nb.controller.targets import format_ranks
+from monarch_nb.dispatch.targets import format_ranks
 from monarch_nb.errors import ClusterError
 
 _short = reprlib.Repr()

@@ -14,16 +14,15 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 
 from monarch_nb import wire
-from monarch_nb.controller import gathering, prompting, unanswered
-from monarch_nb.controller.dist import regroup_after_interrupt
-from monarch_nb.controller.links import Request, new_id
-from monarch_nb.controller.output import Renderer
-from monarch_nb.controller.results import CellError, Interrupted, ValueMesh
-from monarch_nb.controller.targets import format_ranks
+from monarch_nb.dispatch import gathering, prompting, unanswered
+from monarch_nb.dispatch.links import Request, new_id
+from monarch_nb.dispatch.output import Renderer
+from monarch_nb.dispatch.results import CellError, Interrupted, ValueMesh
+from monarch_nb.dispatch.targets import format_ranks
 from monarch_nb.errors import ClusterError
 
 if TYPE_CHECKING:
-    from monarch_nb.controller.controller import Controller
+    from monarch_nb.dispatch.protocol import Ctl
 
 # After an interrupt the ranks get INTERRUPT_GRACE seconds of silence to stop: a rank whose
 # output is still arriving (its backlog, on a busy machine) is still heard out, up to
@@ -54,7 +53,7 @@ def check_timeout(timeout) -> None:
 
 
 def submit(
-    ctl: Controller,
+    ctl: Ctl,
     kind: str,
     ranks: list[int],
     msg: dict[str, Any] | None = None,
@@ -79,7 +78,7 @@ def submit(
     return req
 
 
-def _link(ctl: Controller, req: Request, rank: int) -> bool:
+def _link(ctl: Ctl, req: Request, rank: int) -> bool:
     """Whether ``rank`` has a link; a rank without one (its attach failed) ends ``req`` as
     lost at once, where looking it up used to raise KeyError in every later command."""
     if rank in ctl._links:
@@ -90,7 +89,7 @@ def _link(ctl: Controller, req: Request, rank: int) -> bool:
 
 
 def call(
-    ctl: Controller,
+    ctl: Ctl,
     fn,
     args: tuple = (),
     targets=None,
@@ -117,7 +116,7 @@ def call(
     return settle(ctl, req, outcomes, stopped)
 
 
-def say_waiting(ctl: Controller, ranks: list[int], what: str) -> None:
+def say_waiting(ctl: Ctl, ranks: list[int], what: str) -> None:
     """Say so when ``what`` queues behind a cell still running on some of ``ranks``."""
     waiting = sorted(set(ctl._router.busy()) & set(ranks))
     if waiting:
@@ -133,7 +132,7 @@ def say_waiting(ctl: Controller, ranks: list[int], what: str) -> None:
         )
 
 
-def collect(ctl: Controller, req: Request, renderer: Renderer, timeout=None, stop=None):
+def collect(ctl: Ctl, req: Request, renderer: Renderer, timeout=None, stop=None):
     """Gather a request; on Ctrl-C or timeout (or ``stop`` set: a background cell's
     ``handle.interrupt()``, or a Ctrl-C while the request was sent) interrupt the ranks still
     running."""
@@ -167,7 +166,7 @@ def collect(ctl: Controller, req: Request, renderer: Renderer, timeout=None, sto
 
 
 def _cancelled_in_queue(
-    ctl: Controller,
+    ctl: Ctl,
     req: Request,
     outcomes: dict[int, dict],
     renderer,
@@ -209,7 +208,7 @@ def _cancelled_in_queue(
             gathering.gather(req, renderer, time.monotonic() + 2, outcomes, ask=False)
 
 
-def heard(ctl: Controller, answers: Mapping[int, dict]) -> None:
+def heard(ctl: Ctl, answers: Mapping[int, dict]) -> None:
     """Keep what the ranks that answered an info request said about themselves."""
     for rank, ev in answers.items():
         if ev.get("status") == "ok":
@@ -217,12 +216,12 @@ def heard(ctl: Controller, answers: Mapping[int, dict]) -> None:
             ctl.unanswering.discard(rank)
 
 
-def _silence(ctl: Controller, rank: int) -> str:
+def _silence(ctl: Ctl, rank: int) -> str:
     known = ctl._known.get(rank, {})
     return unanswered.why(known.get("pid"), known.get("host"))
 
 
-def send_interrupt(ctl: Controller, ranks: Iterable[int], target: str | None = None) -> None:
+def send_interrupt(ctl: Ctl, ranks: Iterable[int], target: str | None = None) -> None:
     if ctl.closed:
         raise ClusterError("this cluster is down, and its cells ended with it")
     try:
@@ -238,7 +237,7 @@ def send_interrupt(ctl: Controller, ranks: Iterable[int], target: str | None = N
         raise ClusterError(ctl._scheduler_gone()) from None
 
 
-def settle(ctl: Controller, req: Request, outcomes: dict[int, dict], stopped=None, timeout=None):
+def settle(ctl: Ctl, req: Request, outcomes: dict[int, dict], stopped=None, timeout=None):
     """The outcomes as a ValueMesh, or the error that carries what did arrive."""
     hosts = {rank: ctl.ranks[rank].host for rank in req.ranks}
     ended = "shut down (%monarch down)" if ctl.closed else None
@@ -248,7 +247,7 @@ def settle(ctl: Controller, req: Request, outcomes: dict[int, dict], stopped=Non
         if ev.get("status") == "lost" and ended:
             ev["why"] = f"the cluster was {ended} while the cell ran"
             ev["ended_here"] = True
-    regroup_after_interrupt(ctl, req, outcomes)
+    ctl._regroup_after_interrupt(req, outcomes)  # controller/dist.py
     try:
         return gathering.settle(req.ranks, hosts, outcomes, stopped, timeout)
     except CellError as e:
@@ -263,7 +262,7 @@ def settle(ctl: Controller, req: Request, outcomes: dict[int, dict], stopped=Non
         ) from None
 
 
-def rank_info(ctl: Controller, ranks: list[int], timeout: float = 5) -> dict[int, dict]:
+def rank_info(ctl: Ctl, ranks: list[int], timeout: float = 5) -> dict[int, dict]:
     """Each rank's engine state (``Engine.info``), answered on its event loop even while
     a cell runs; a rank that does not answer within ``timeout`` (``SILENT_WAIT`` for one
     that did not answer last time either) is left out."""
