@@ -221,20 +221,22 @@ def _silence(ctl: Ctl, rank: int) -> str:
     return unanswered.why(known.get("pid"), known.get("host"))
 
 
-def send_interrupt(ctl: Ctl, ranks: Iterable[int], target: str | None = None) -> None:
+def send_interrupt(ctl: Ctl, ranks: Iterable[int], target: str | None = None) -> str:
+    """Interrupt ``ranks``; the press's key, which ``rank_info(press=)`` asks about."""
     if ctl.closed:
         raise ClusterError("this cluster is down, and its cells ended with it")
+    key = new_id("interrupt")  # one press, by two paths to each rank: acted on once there
     try:
         for rank in ranks:
             link = ctl._links.get(rank)
             if link is None:  # nothing of ours runs there: see _link
                 continue
-            key = new_id("interrupt")  # one press, by two paths: acted on once
             msg = {"op": "interrupt", "target": target, "sent": link.last_sent, "key": key}
             link.interrupt_here(msg)
             ctl._loop.call_soon_threadsafe(link.control, msg)
     except RuntimeError:  # the client's event loop is closed: the client is gone
         raise ClusterError(ctl._scheduler_gone()) from None
+    return key
 
 
 def settle(ctl: Ctl, req: Request, outcomes: dict[int, dict], stopped=None, timeout=None):
@@ -262,11 +264,14 @@ def settle(ctl: Ctl, req: Request, outcomes: dict[int, dict], stopped=None, time
         ) from None
 
 
-def rank_info(ctl: Ctl, ranks: list[int], timeout: float = 5) -> dict[int, dict]:
+def rank_info(
+    ctl: Ctl, ranks: list[int], timeout: float = 5, press: str | None = None
+) -> dict[int, dict]:
     """Each rank's engine state (``Engine.info``), answered on its event loop even while
     a cell runs; a rank that does not answer within ``timeout`` (``SILENT_WAIT`` for one
-    that did not answer last time either) is left out."""
-    req = submit(ctl, "info", ranks, {"op": "info"})
+    that did not answer last time either) is left out. ``press``: an interrupt's key
+    (``send_interrupt``), whose ``hit`` each rank says."""
+    req = submit(ctl, "info", ranks, {"op": "info", "press": press})
     outcomes: dict[int, dict] = {}
     start = time.monotonic()
     for until in (start + min(timeout, SILENT_WAIT), start + timeout):

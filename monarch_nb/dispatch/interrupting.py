@@ -65,11 +65,13 @@ class Interruption:
 def interrupt(ctl: Ctl, ranks: list[int]) -> Interruption:
     """Interrupt whatever ``ranks`` run and wait, up to the grace a Ctrl-C gives, for it to
     stop. Asked behind the interrupt on the same comm, a rank's first answer names the request
-    it was running when the interrupt came; it has stopped once it runs another, or none."""
-    dispatch.send_interrupt(ctl, ranks)
-    first = dispatch.rank_info(ctl, ranks, timeout=dispatch.ANSWER_WITHIN)
-    running = {r: ev["info"]["current"] for r, ev in first.items() if ev["info"]["current"]}
-    idle = tuple(r for r in ranks if r in first and r not in running)
+    the interrupt hit there (it may have ended already: the interrupt's direct path is faster
+    than the comm); it has stopped once the rank runs another, or none."""
+    press = dispatch.send_interrupt(ctl, ranks)
+    first = dispatch.rank_info(ctl, ranks, timeout=dispatch.ANSWER_WITHIN, press=press)
+    hit = {r: ev["info"]["hit"] for r, ev in first.items() if ev["info"]["hit"]}
+    idle = tuple(r for r in ranks if r in first and r not in hit)
+    running = {r: cell for r, cell in hit.items() if first[r]["info"]["current"] == cell}
     silent = tuple(r for r in ranks if r not in first)
     deadline = time.monotonic() + dispatch.INTERRUPT_GRACE
     while running and time.monotonic() < deadline:

@@ -132,7 +132,7 @@ class Engine:
         if msg["op"] == "interrupt":
             self.interrupt(msg.get("target"), msg.get("sent"), msg.get("key"))
         elif msg["op"] == "info":
-            info = self.info(msg.get("about"))
+            info = self.info(msg.get("about"), msg.get("press"))
             channel.reply({"ev": "done", "id": msg["id"], "status": "ok", "info": info})
         elif msg["op"] == "comm":  # from the browser, to a widget: not queued behind a cell
             rank_comms.receive(channel.outbox, msg)
@@ -145,7 +145,8 @@ class Engine:
         """Raise KeyboardInterrupt in the running cell (or drop ``cell_id`` if still queued).
         ``sent``: the newest request its controller had sent when it asked; one it sent later
         is spared (the interrupt came on the control comm, behind it). ``key``: the press it
-        stands for, which arrives by two paths (wire.py's ``interrupt_here``) and acts once."""
+        stands for, which arrives by two paths (wire.py's ``interrupt_here``) and acts once;
+        the request it hit is kept under it for ``info``."""
         with self._lock:
             if key is not None:
                 if key in self._interrupts:
@@ -153,6 +154,7 @@ class Engine:
                 self._interrupts[key] = None
                 while len(self._interrupts) > MAX_CANCELLED:
                     self._interrupts.popitem(last=False)
+                self._interrupts[key] = self._hit(cell_id, sent)
             if cell_id is None and sent is not None and sent_after(self._current, sent):
                 return
             if cell_id is not None and cell_id != self._current:
@@ -171,6 +173,14 @@ class Engine:
                 # Taken but not yet running (being compiled, say): raised as it starts.
                 self._interrupt_pending = True
 
+    def _hit(self, cell_id: str | None, sent: str | None) -> str | None:
+        """The request an interrupt asked now stops: the running one unless it is spared."""
+        if cell_id is not None and cell_id != self._current:
+            return None
+        if cell_id is None and sent is not None and sent_after(self._current, sent):
+            return None
+        return self._current
+
     @property
     def labels(self) -> dict[str, str]:
         """What the panel, the sidebar and ``%monarch status`` show beside the rank's number."""
@@ -186,9 +196,10 @@ class Engine:
         """Whether the rank's thread runs a request now (telemetry samples it at full rate)."""
         return self._current is not None
 
-    def info(self, about: str | None = None) -> dict[str, Any]:
+    def info(self, about: str | None = None, press: str | None = None) -> dict[str, Any]:
         """The rank's state; ``about`` a request id: whether it runs now, waits in the queue to
-        be dropped (interrupted before it started), or neither (done, or never here)."""
+        be dropped (interrupted before it started), or neither (done, or never here); ``press``
+        an interrupt's key: the request it stopped (``hit``; None if it found none running)."""
         names = [k for k in list(self.namespace) if not k.startswith("_") and k not in IDENTITY]
         with self._lock:
             if about is None:
@@ -197,6 +208,7 @@ class Engine:
                 state = "running"
             else:
                 state = "cancelled" if about in self._cancelled else "unknown"
+            hit = self._interrupts.get(press) if press is not None else None
         return {
             "about": state,
             **self.identity,
@@ -205,6 +217,7 @@ class Engine:
             "device": self.device_info,
             "busy_since": self._started_at,
             "current": self._current,
+            "hit": hit,
             "queued": len(self.wire.inbox),
             "names": len(names),
             "collectives": _collectives(),

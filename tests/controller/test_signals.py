@@ -310,3 +310,18 @@ def test_ctrl_c_reaches_busy_ranks_while_the_notebooks_event_loop_is_held(clean)
     assert {e.ename for e in info.value.errors.values()} == {"KeyboardInterrupt"}
     assert info.value.headline == "interrupted ranks 0-1"
     assert clean.run("rank").values() == [0, 1]
+
+
+def test_interrupt_names_the_cells_it_stopped_when_its_direct_path_wins(clean):
+    # The interrupt reaches a rank on this host straight away, while the question of what it
+    # stopped waits for the event loop: the cells have ended by the time it is answered, and
+    # the ranks were reported as running nothing. Each rank keeps what each press hit.
+    handle = clean.run("while True: pass", block=False)
+    assert wait_for(lambda: all(r["state"].startswith("busy") for r in clean.status()), 10)
+    held = threading.Event()
+    clean._loop.call_soon_threadsafe(lambda: (held.set(), time.sleep(1)))
+    assert held.wait(10)
+    assert str(clean.interrupt(wait=True)) == "interrupted ranks 0-1"
+    with pytest.raises(CellError, match="KeyboardInterrupt"):
+        handle.result(timeout=30)
+    assert str(clean.interrupt(wait=True)) == "ranks 0-1 were running nothing"
