@@ -245,3 +245,35 @@ def _living(pids: list[int]) -> list[int]:
 
 def wait_until_empty(slurm: Slurm, timeout: float = 30) -> bool:
     return wait_for(lambda: not slurm.squeue(), timeout=timeout, interval=0.3)
+
+
+@contextlib.contextmanager
+def running():
+    """A Slurm started for a test module and stopped after it, leaving no process behind;
+    skipped where Slurm cannot run here. ``SLURM_CONF`` points scontrol, sbatch, squeue and
+    scancel at it meanwhile."""
+    import pytest
+
+    reason = why_not()
+    if reason:
+        pytest.skip(reason)
+    # dask_jobqueue's runner module makes SIGINT exit the process as it is imported: the
+    # suite's later Ctrl-C tests need Python's own handler back
+    sigint = signal.getsignal(signal.SIGINT)
+    try:
+        pytest.importorskip("dask_jobqueue", reason="dask-jobqueue is not installed (dev extra)")
+    finally:
+        signal.signal(signal.SIGINT, sigint)
+    s = Slurm()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SLURM_CONF", str(s.conf))
+        try:
+            s.start()
+        except RuntimeError as e:
+            s.stop()
+            pytest.fail(str(e))
+        try:
+            yield s
+        finally:
+            left = s.stop()
+    assert left == [], f"processes of the test Slurm left running: {left}"

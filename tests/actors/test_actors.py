@@ -659,9 +659,13 @@ def test_the_actors_notebook_shows_counters_ping_pong_training_and_failures():
         "SupervisionError: actor mesh 'fragile' rank 1 is dead"
         in out["pids = fragile.pid.call().get()"]
     )
-    assert (
-        "fragile rank 1: the worker process"
-        in out["for name, rank, cause in actors.dead_actors():"]
+    # Whichever says it first names the cause: the worker's own connection closing, or the
+    # scheduler removing the worker whose connection closed (a loaded machine orders them
+    # either way).
+    assert re.search(
+        r"fragile rank 1: (the worker process is gone|the scheduler removed the worker: its "
+        r"connection to the scheduler closed)",
+        out["for name, rank, cause in actors.dead_actors():"],
     )
 
 

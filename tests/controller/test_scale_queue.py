@@ -6,39 +6,17 @@ line, where Slurm is not installed or the test is not root."""
 from __future__ import annotations
 
 import re
-import signal
 
 import pytest
-from _slurm import Slurm, why_not
+from _slurm import running
 
 from monarch_nb.controller import queue_limits
 
 
 @pytest.fixture(scope="module")
 def slurm():
-    reason = why_not()
-    if reason:
-        pytest.skip(reason)
-    # dask_jobqueue's runner module makes SIGINT exit the process as it is imported: the
-    # suite's later Ctrl-C tests need Python's own handler back
-    sigint = signal.getsignal(signal.SIGINT)
-    try:
-        pytest.importorskip("dask_jobqueue", reason="dask-jobqueue is not installed (dev extra)")
-    finally:
-        signal.signal(signal.SIGINT, sigint)
-    s = Slurm()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SLURM_CONF", str(s.conf))  # for scontrol, sbatch and squeue
-        try:
-            s.start()
-        except RuntimeError as e:
-            s.stop()
-            pytest.fail(str(e))
-        try:
-            yield s
-        finally:
-            left = s.stop()
-    assert left == [], f"processes of the test Slurm left running: {left}"
+    with running() as s:
+        yield s
 
 
 def test_more_ranks_than_the_partition_runs_at_once_are_refused_in_one_line(slurm):

@@ -17,7 +17,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from _server_helpers import status_of
-from _slurm import DOWN_PARTITION, Slurm, wait_until_empty, why_not
+from _slurm import DOWN_PARTITION, running, wait_until_empty
 from _wait import RANK_1_BUSY, wait_for
 from nbclient import NotebookClient
 
@@ -31,24 +31,11 @@ SITE = "monarch_nb.examples.slurm_site:make_cluster"
 
 @pytest.fixture(scope="module")
 def slurm():
-    reason = why_not()
-    if reason:
-        pytest.skip(reason)
-    pytest.importorskip("dask_jobqueue", reason="dask-jobqueue is not installed (the dev extra)")
-    s = Slurm()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SLURM_CONF", str(s.conf))  # for sbatch, squeue and scancel
-        try:
-            s.start()
-        except RuntimeError as e:
-            s.stop()
-            pytest.fail(str(e))
+    with running() as s:
         try:
             yield s
         finally:
-            left = s.stop()
             sys.modules.pop("stuck_site", None)
-    assert left == [], f"processes of the test Slurm left running: {left}"
 
 
 @pytest.fixture
