@@ -129,14 +129,7 @@ def _tls(raw) -> dict[str, str] | None:
 def parse(data: bytes, cluster_id: str) -> dict[str, Any]:
     """The entry in ``data`` with exactly the known fields, each checked; raises ValueError
     saying which field is wrong."""
-    try:
-        raw = json.loads(data)
-    except (ValueError, RecursionError):
-        raise ValueError("the entry is not valid JSON") from None
-    if not isinstance(raw, dict):
-        raise ValueError("the entry is not a JSON object")
-    if raw.get("id") != cluster_id:
-        raise ValueError("its id is not its file's name")
+    raw = registry.json_entry(data, cluster_id)
     name, address = raw.get("name"), raw.get("scheduler_address")
     if not (isinstance(name, str) and NAME.fullmatch(name)):
         raise ValueError("name is not a cluster name")

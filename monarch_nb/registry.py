@@ -294,9 +294,9 @@ def _number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def parse_entry(data: bytes, cluster_id: str) -> dict[str, Any]:
-    """The entry in ``data`` with exactly the known fields, each checked; raises ValueError
-    saying which field is wrong."""
+def json_entry(data: bytes, cluster_id: str) -> dict[str, Any]:
+    """The JSON object in ``data`` whose ``id`` is ``cluster_id`` (its file's name), its fields
+    unchecked; raises ValueError saying what is wrong (kept.py's entries start so too)."""
     try:
         raw = json.loads(data)
     except (ValueError, RecursionError):
@@ -305,6 +305,13 @@ def parse_entry(data: bytes, cluster_id: str) -> dict[str, Any]:
         raise ValueError("the entry is not a JSON object")
     if raw.get("id") != cluster_id:
         raise ValueError("its id is not its file's name")
+    return raw
+
+
+def parse_entry(data: bytes, cluster_id: str) -> dict[str, Any]:
+    """The entry in ``data`` with exactly the known fields, each checked; raises ValueError
+    saying which field is wrong."""
+    raw = json_entry(data, cluster_id)
     address = raw.get("scheduler_address")
     host = _host(address, _SCHEDULER)
     if host is None:
