@@ -86,8 +86,10 @@ class LivePanel:
 
     # -- what the panel shows --------------------------------------------------------------
     def track(self, request) -> None:
-        """Show the state of ``request`` (a cell) on each of its ranks until it finishes."""
+        """Show the state of ``request`` (a cell) on each of its ranks until it finishes; the
+        picture says so from now, not from the updating thread's next turn."""
         self.request = request
+        self.refresh(force=False)
 
     def cell_states(self) -> dict[int, tuple[str, float | None]]:
         """rank -> (state, seconds since the cell started); without a cell: up, lost or down."""

@@ -95,8 +95,8 @@ def test_32_ranks_status_output_panel_and_sidebar_stay_readable(tmp_path):
 
             train = append_cell(page, TRAIN, True)
             live = wait_output(page, train, "o.running && o.cells > 0", 120)
-            page.wait_for_timeout(1500)  # some loss and samples in the picture
             assert f"running ranks 0-{RANKS - 1}" in " ".join(live["panel"]), live["panel"]
+            page.wait_for_timeout(1500)  # some loss and samples in the picture
             assert live["cells"] == 2 * RANKS  # a utilization and a memory cell per rank
             page.evaluate(
                 "(i) => window.jupyterapp.shell.currentWidget.content.widgets[i]"

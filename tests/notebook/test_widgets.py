@@ -62,6 +62,7 @@ def test_panel_state_changes_while_a_cell_runs(fresh):
         block=False,
     )
     panel.track(handle._req)
+    assert "running" in " ".join(texts(panel.widget.value))  # from the first picture on
     panel.start()
     seen_running, updates, pictures = False, [], set()
     deadline = time.monotonic() + 30
