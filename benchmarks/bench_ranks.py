@@ -11,7 +11,8 @@ killed (orphans.py). The ranks are CPU ranks forked from the forkserver, one pro
 
 Per size, for monarch-nb: ``up`` until a cell has imported torch (the gloo group formed);
 ``ctl.run("1")`` round trips (p50, p99); the controller's own CPU per such cell (the
-notebook's thread, the Reader's and its writers', ``CpuMeter``) and the whole kernel process's
+notebook's thread, the Reader's and its writers', ``CpuMeter``), with the request relay's where
+one runs (from 16 ranks, dispatch/relaying.py: ``+ relay``), and the whole kernel process's
 beyond its idle use (it holds the scheduler and the nannies too); a cell printing 100 lines
 on every rank (the time until the last line is shown, and how many lines were shown for the
 100 x N printed); ``push`` of 1 MiB to every rank and ``pull`` of 1 MiB from each; 1,000 actor
@@ -119,7 +120,7 @@ def _mb(x: float) -> str:
 def tables(results: dict[tuple[str, int], dict], sizes: list[int]) -> list[str]:
     ours = [
         [
-            "ranks", "up s", "p50 ms", "p99 ms", "ctl CPU us", "kernel CPU us",
+            "ranks", "up s", "p50 ms", "p99 ms", "ctl CPU us", "+ relay us", "kernel CPU us",
             "100 lines s", "lines shown", "push ms", "pull ms", "1000 bcast ms",
             "idle CPU %", "idle RSS MiB", "Ctrl-C s", "store MiB",
         ]
@@ -134,9 +135,10 @@ def tables(results: dict[tuple[str, int], dict], sizes: list[int]) -> list[str]:
         ours.append(
             [
                 str(n), f"{r['up_s']:.2f}", _ms(r["p50"]), _ms(r["p99"]), _us(r["ctl_cpu"]),
-                _us(r["proc_cpu"]), f"{r['print_last_s']:.2f}",
-                f"{r['print_shown']}/{r['print_of']}", _ms(r["push_s"]), _ms(r["pull_s"]),
-                _ms(r["broadcast_s"]), f"{100 * r['idle_cpu']:.1f}", _mb(r["idle_rss"]),
+                _us(r["with_relay_cpu"]) if r["relayed"] else "-", _us(r["proc_cpu"]),
+                f"{r['print_last_s']:.2f}", f"{r['print_shown']}/{r['print_of']}",
+                _ms(r["push_s"]), _ms(r["pull_s"]), _ms(r["broadcast_s"]),
+                f"{100 * r['idle_cpu']:.1f}", _mb(r["idle_rss"]),
                 _interrupted(r, n),
                 _mb(r["store_bytes"]),
             ]
@@ -164,7 +166,11 @@ def tables(results: dict[tuple[str, int], dict], sizes: list[int]) -> list[str]:
 
 def verdicts(results: dict[tuple[str, int], dict], sizes: list[int]) -> list[str]:
     lines = []
-    for key, what in (("ctl_cpu", "the controller's threads"), ("proc_cpu", "the kernel process")):
+    for key, what in (
+        ("ctl_cpu", "the controller's threads"),
+        ("with_relay_cpu", "the controller's threads and its relay"),
+        ("proc_cpu", "the kernel process"),
+    ):
         pts = [
             (n, results["monarch", n][key]) for n in sizes if key in results.get(("monarch", n), {})
         ]

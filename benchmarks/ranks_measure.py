@@ -209,6 +209,8 @@ def measure_monarch(n: int, cells: int, warmup: int, idle: float) -> dict:
         out["idle_cpu"] = rest["process"] / rest["wall"]
         out["idle_rss"] = me.memory_info().rss
         times = []
+        relay = psutil.Process(ctl._relay.proc.pid) if ctl._relay is not None else None
+        relay_cpu = sum(relay.cpu_times()[:2]) if relay is not None else 0.0
         meter.start()
         for _ in range(cells):
             t = time.perf_counter()
@@ -217,6 +219,10 @@ def measure_monarch(n: int, cells: int, warmup: int, idle: float) -> dict:
         cpu = meter.stop()
         out.update(quantiles(times))
         out["ctl_cpu"] = cpu["controller"] / cells
+        # the request relay (dispatch/relaying.py), a process of its own, from 16 ranks
+        relay_cpu = sum(relay.cpu_times()[:2]) - relay_cpu if relay is not None else 0.0
+        out["with_relay_cpu"] = out["ctl_cpu"] + relay_cpu / cells
+        out["relayed"] = relay is not None
         # the kernel process's CPU per cell beyond what it uses idle in the same time
         out["proc_cpu"] = (cpu["process"] - out["idle_cpu"] * cpu["wall"]) / cells
         out.update(_printing(ctl, n))

@@ -89,6 +89,9 @@ class Writer:
 
 
 HEADER = struct.Struct("!Q")  # the length of the pickled message that follows
+# Requests sent once per rank and id, which a controller may send again after its relay ended
+# (dispatch/relaying.py); an engine drops the second copy.
+RESENT_OPS = ("execute", "call")
 MAX_READ = 1 << 20
 _reading = threading.local()
 

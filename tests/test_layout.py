@@ -19,7 +19,7 @@ SHARED = {"__init__.py", "errors.py", "kept.py", "registry.py", "wire.py"}
 # own __init__ is above every level.
 LEVELS = [
     ("shared",),
-    ("rank", "telemetry"),
+    ("rank", "telemetry", "relay"),
     ("dispatch",),
     ("controller",),
     ("host", "actors"),

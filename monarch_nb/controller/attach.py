@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from monarch_nb.controller import sync as code_sync
-from monarch_nb.dispatch import dispatch, gathering
+from monarch_nb.dispatch import dispatch, gathering, relaying
 from monarch_nb.dispatch.links import Link, RankInfo, Request
 from monarch_nb.dispatch.setup_wait import wait_for_setup
 from monarch_nb.dispatch.targets import format_ranks
@@ -110,6 +110,7 @@ def open_links(ctl: Controller, infos: list[RankInfo]) -> None:
             f"{type(e).__name__}: {e or 'no answer within 30 s'}; %monarch restart starts "
             "fresh workers"
         ) from None
+    relaying.join(ctl, list(links.values()))
     for link in links.values():
         ctl._reader.add(link)
         link.send(
@@ -143,6 +144,7 @@ def close_links(ctl: Controller) -> None:
 
     with contextlib.suppress(Exception):
         ctl._on_loop(close_all(), timeout=5)
+    relaying.close(ctl)
 
 
 def lost(ctl: Controller, rank: int, why: str) -> None:

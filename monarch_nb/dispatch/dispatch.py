@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 
 from monarch_nb import wire
-from monarch_nb.dispatch import gathering, prompting, unanswered
+from monarch_nb.dispatch import gathering, prompting, relaying, unanswered
 from monarch_nb.dispatch.links import Request, new_id
 from monarch_nb.dispatch.output import Renderer
 from monarch_nb.dispatch.results import CellError, Interrupted, ValueMesh
@@ -66,6 +66,8 @@ def submit(
     body = {**(msg or {}), "id": req.id}
     # the same bytes for every rank: pickled once, not once per rank
     framed = wire.frame(body) if per_rank is None and kind != "info" else None
+    if framed is not None:
+        ranks = relaying.forward(ctl, req, ranks, body, framed)  # those it did not take
     for rank in ranks:
         if not _link(ctl, req, rank):
             continue

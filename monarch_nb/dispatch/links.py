@@ -1,6 +1,7 @@
 """Controller side of the wire: one comm per rank, straight to the worker's engine.
 
-Requests go out on each rank's data path straight from the calling thread; events come back on
+Requests go out on each rank's data path straight from the calling thread (through the relay,
+relaying.py, where many ranks share the controller's host); events come back on
 the same socket, read by the Reader (reader.py: its thread, or the notebook's thread while it
 waits) and routed by request id to the Request's queue. Interrupt and info
 travel on a distributed comm, so they reach a rank whose thread is busy.
@@ -18,11 +19,14 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from distributed.comm import CommClosedError, connect
 
 from monarch_nb.wire import FrameConn, Writer, connect_local, frame
+
+if TYPE_CHECKING:
+    from monarch_nb.dispatch.relaying import Relay
 
 _ids = itertools.count(1)
 TLS_HANDSHAKE_TIMEOUT = 10.0  # seconds; the engine gives up on its side after 5
@@ -79,6 +83,11 @@ class Router:
     def add(self, request: Request) -> None:
         with self._lock:
             self._requests[request.id] = request
+
+    @property
+    def live(self) -> dict[str, Request]:
+        """The unfinished requests by id (read it, don't change it)."""
+        return self._requests
 
     def deliver(self, rank: int, ev: dict[str, Any]) -> None:
         kind = ev["ev"]
@@ -164,6 +173,8 @@ class Link:
         self.hello: dict[str, Any] | None = None  # where the engine listens, and its token
         self.writer: Writer | None = None
         self.conn: FrameConn | None = None
+        self.relay: Relay | None = None  # where its requests go, while one runs (relaying.py)
+        self.relay_id = 0
         self.reader: asyncio.Future | None = None
         self._gone = False
         self._lock = threading.Lock()
@@ -208,13 +219,23 @@ class Link:
                 return
             self._gone = True
         self.info.alive = False
+        if self.relay is not None:
+            self.relay.drop(self)
         self.router.lost(self.info.rank, why)
         if self.on_lost is not None and not self.closing:
             self.on_lost(self.info.rank, why)
 
     def send(self, msg: dict[str, Any], framed: tuple[bytes, ...] | None = None) -> None:
-        """A request on the data path (any thread); ``framed``: ``msg`` already pickled by
-        ``wire.frame`` (once for every rank it goes to)."""
+        """A request on the data path (any thread), through the relay while it runs;
+        ``framed``: ``msg`` already pickled by ``wire.frame`` (once for every rank it goes to)."""
+        relay = self.relay
+        if relay is not None and relay.forward([self], msg, framed or frame(msg)):
+            self.last_sent = msg.get("id", self.last_sent)
+            return
+        self.send_direct(msg, framed)
+
+    def send_direct(self, msg: dict[str, Any], framed: tuple[bytes, ...] | None = None) -> None:
+        """``send`` on the link's own data path."""
         try:
             if self.conn is None or self._gone:
                 raise ConnectionError("not connected")

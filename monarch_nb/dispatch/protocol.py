@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from monarch_nb.dispatch.links import Link, RankInfo, Request, Router
     from monarch_nb.dispatch.reader import Reader
+    from monarch_nb.dispatch.relaying import Relay
 
 
 class Ctl(Protocol):
@@ -19,6 +20,7 @@ class Ctl(Protocol):
     unanswering: set[int]  # the ranks that did not answer when last asked
     _known: dict[int, dict[str, Any]]  # what each rank last said about itself
     _links: dict[int, Link]
+    _relay: Relay | None  # where requests to many ranks on this host go (relaying.py)
     _router: Router
     _reader: Reader
     _loop: asyncio.AbstractEventLoop

@@ -23,13 +23,14 @@ import time
 from typing import Any
 
 from monarch_nb.rank.capture import Outbox
-from monarch_nb.wire import FrameConn, Listeners
+from monarch_nb.wire import RESENT_OPS, FrameConn, Listeners
 
 logger = logging.getLogger("monarch_nb")
 
 FLUSH_DELAY = 0.005  # seconds of output gathered into one message
 PROGRESS_RECHECK = 0.05  # seconds before a throttled progress line is looked at again
 HANDSHAKE_TIMEOUT = 5.0
+TAKEN = 256  # cells and calls remembered to tell a second copy by
 
 
 class Channel:
@@ -41,6 +42,24 @@ class Channel:
         self.conn: FrameConn | None = None
         self.outbox = Outbox(lambda urgent: wire.poke())
         self.closed = False
+        # (op, id) of the cells and calls taken lately: a copy sent again after the relay
+        # ended (dispatch/relaying.py) is dropped, whichever of the two arrives first
+        self._taken: collections.deque[tuple[str, str]] = collections.deque(maxlen=TAKEN)
+        self._taken_set: set[tuple[str, str]] = set()
+
+    def fresh(self, msg: dict[str, Any]) -> bool:
+        """Whether ``msg`` is new to this engine (not a second copy of a cell or call)."""
+        op = msg.get("op")
+        if op not in RESENT_OPS:
+            return True
+        key = (op, msg.get("id", ""))
+        if key in self._taken_set:
+            return False
+        if len(self._taken) == TAKEN:
+            self._taken_set.discard(self._taken[0])
+        self._taken.append(key)
+        self._taken_set.add(key)
+        return True
 
     def flush(self) -> bool:
         """Send the queued output; True when a throttled progress line waits."""
@@ -80,7 +99,8 @@ class Wire:
         self._wake_r, self._wake_w = socket.socketpair()
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._wake_r, selectors.EVENT_READ)
-        self._accepted: list[Channel] = []  # connected, for the rank's thread to start reading
+        # connected (a channel's own or a relay's connection), for the rank's thread to read
+        self._accepted: list[tuple[FrameConn, Channel]] = []
         self._lock = threading.Lock()
         self._poke = threading.Event()
         self.on_interrupt = None  # the engine's interrupt, for a hello that carries one
@@ -126,21 +146,26 @@ class Wire:
                     self._wake_r.recv(4096)
                 with self._lock:
                     accepted, self._accepted = self._accepted, []
-                for channel in accepted:
-                    self._sel.register(channel.conn, selectors.EVENT_READ, channel)
-                    self.inbox.extend((channel, m) for m in channel.conn.backlog)
+                for conn, channel in accepted:
+                    self._sel.register(conn, selectors.EVENT_READ, channel)
+                    self._take(channel, conn.backlog)
             else:
-                channel = key.data
+                channel, conn = key.data, key.fileobj
                 try:
-                    msgs = channel.conn.feed()
+                    msgs = conn.feed()
                 except OSError:
                     msgs = None
                 if msgs is None:
-                    self._sel.unregister(key.fileobj)
-                    channel.closed = True
-                    channel.conn.close()
+                    self._sel.unregister(conn)
+                    conn.close()
+                    if conn is channel.conn:  # a relay's end leaves the controller's channel
+                        channel.closed = True
                 else:
-                    self.inbox.extend((channel, m) for m in msgs)
+                    self._take(channel, msgs)
+
+    def _take(self, channel: Channel, msgs) -> None:
+        fresh = channel.fresh
+        self.inbox.extend((channel, m) for m in msgs if fresh(m))
 
     def _hello(self, conn: FrameConn, hello: Any) -> None:
         channel = self.channels.get(hello.get("controller")) if isinstance(hello, dict) else None
@@ -155,9 +180,10 @@ class Wire:
             conn.close()
             self.on_interrupt(hello["interrupt"])
             return
-        channel.conn = conn
+        if not hello.get("relay"):  # the controller's own connection: the replies go there
+            channel.conn = conn
         with self._lock:
-            self._accepted.append(channel)
+            self._accepted.append((conn, channel))
         self._wake_w.send(b"x")
 
     # -- the flusher --------------------------------------------------------------------------

@@ -54,7 +54,9 @@ def test_ctrl_c_once_the_cell_is_sent_interrupts_it(clean, capsys):
         clean.run(LONG, watch=ctrl_c)
     assert time.monotonic() - start < 5
     assert info.value.headline == "interrupted ranks 0-1"
-    assert {e.ename for e in info.value.errors.values()} == {"KeyboardInterrupt"}
+    # stopped as it ran, or dropped before it started where the interrupt came first (a rank
+    # slow to take the cell on a loaded machine): either way no rank runs it alone
+    assert {e.ename for e in info.value.errors.values()} <= {"KeyboardInterrupt", "Cancelled"}
     idle_at_once(clean, capsys)
 
 
