@@ -141,26 +141,27 @@ class Relay:
                         if link.info.rank in req.remaining:
                             link.send_direct(again)
             self.sent.clear()
-            for link in self.links.values():
-                link.relay = None
-            self.links.clear()
-        self.conn.close()
-        self.adds.close()
+            self._let_go()
 
     def close(self) -> None:
         """End the relay (the cluster is going down)."""
         with self.lock:
             self.alive = False
-            for link in self.links.values():
-                link.relay = None
-            self.links.clear()
-        self.conn.close()
-        self.adds.close()
+            self._let_go()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=2)
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+    def _let_go(self) -> None:
+        """(Holding the lock, no longer alive.) The links send directly from now on, and the
+        relay's sockets close: a relay still running sees their end and exits."""
+        for link in self.links.values():
+            link.relay = None
+        self.links.clear()
+        self.conn.close()
+        self.adds.close()
 
 
 # -- the controller's use ----------------------------------------------------------------------
