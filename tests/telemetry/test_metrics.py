@@ -185,7 +185,10 @@ def test_idle_ranks_are_sampled_seldom_and_busy_ones_at_the_full_rate(clean, hub
     t3 = time.time()
     hub.catch_up()
     waiting, computing = counts(t1 + 0.6, t2), counts(t2 + 1.2, t3)
-    assert all(n <= 2 for n in idle), idle  # 2 Hz would be 8
+    # One reading in 4 s at IDLE_EVERY = 5 s, and on a loaded machine up to two more when the
+    # worker's own work (Dask's heartbeat, a thread an earlier test's library left) passes
+    # BUSY_CPU for half a second; 2 Hz would be 8
+    assert all(n <= 3 for n in idle), idle
     assert all(n >= 3 for n in waiting), waiting  # 2 Hz for 2.4 s
     assert all(n >= 2 for n in computing), computing  # 2 Hz for 1.8 s
 
