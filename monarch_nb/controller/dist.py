@@ -2,8 +2,10 @@
 
 Rank 0 opens a TCPStore on a port the OS picks (so two clusters on one machine never collide and
 no MASTER_PORT is left in any environment); every rank then joins the default process group
-through that store, each in its own engine thread, at the same time. ``nccl`` on GPU workers
-(RCCL on ROCm builds of torch), ``gloo`` on CPU workers, unless the user picks one.
+through that store, each in its own engine thread, at the same time. On GPU workers
+``cpu:gloo,cuda:nccl`` (RCCL on ROCm builds of torch), as ``init_process_group()`` forms with
+no backend named: a collective on a CPU tensor (a checksum, a count) works beside those on the
+GPU, where an NCCL-only group refuses it. ``gloo`` on CPU workers, unless the user picks one.
 """
 
 from __future__ import annotations
@@ -34,8 +36,12 @@ class DistError(RuntimeError):
     """The process group could not form; the cluster stays usable without it."""
 
 
+GPU_BACKEND = "cpu:gloo,cuda:nccl"
+
+
 def default_backend(device_kinds: list[str]) -> str:
-    return "nccl" if device_kinds and all(k in ("cuda", "rocm") for k in device_kinds) else "gloo"
+    gpus = device_kinds and all(k in ("cuda", "rocm") for k in device_kinds)
+    return GPU_BACKEND if gpus else "gloo"
 
 
 def master_host(address: str) -> str:

@@ -83,7 +83,8 @@ def up(
     """Start a local cluster, one worker per visible GPU (or 2 CPU workers), and control it.
 
     ``dist`` forms a torch.distributed process group over the ranks (``backend`` defaults to
-    nccl on GPUs, gloo on CPUs); ``current=False`` leaves the notebook's current cluster alone;
+    ``cpu:gloo,cuda:nccl`` on GPUs, as torch's own default, and gloo on CPUs);
+    ``current=False`` leaves the notebook's current cluster alone;
     ``tls`` makes every Dask comm TLS with a temporary certificate (``ctl.client.security``).
     ``mesh`` (``{"dp": 2, "tp": 2}`` or ``"dp=2,tp=2"``): a DeviceMesh named ``mesh`` on every
     rank; without ``workers``, as many workers as the mesh has places.

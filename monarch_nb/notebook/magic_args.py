@@ -258,7 +258,12 @@ def _dist(parser) -> None:
         action="store_false",
         help="do not form a torch.distributed process group",
     )
-    parser.add_argument("--backend", default=None, metavar="B", help="nccl (RCCL on ROCm) or gloo")
+    parser.add_argument(
+        "--backend",
+        default=None,
+        metavar="B",
+        help="gloo, nccl (RCCL on ROCm), or per device: cpu:gloo,cuda:nccl (on GPUs, the default)",
+    )
 
 
 def _mesh(parser) -> None:

@@ -62,8 +62,9 @@ def test_a_group_that_cannot_form_leaves_the_cluster_usable(clean):
 
 
 def test_helpers():
-    assert default_backend(["cuda", "cuda"]) == "nccl"
-    assert default_backend(["rocm"]) == "nccl"
+    # as init_process_group() with no backend: CPU tensors' collectives work on GPU ranks too
+    assert default_backend(["cuda", "cuda"]) == "cpu:gloo,cuda:nccl"
+    assert default_backend(["rocm"]) == "cpu:gloo,cuda:nccl"
     assert default_backend(["cuda", "cpu"]) == "gloo"
     assert master_host("tcp://10.1.2.3:4567") == "10.1.2.3"
     assert master_host("tcp://[::1]:4567") == "::1"
