@@ -132,6 +132,47 @@ def _parse(spec: str) -> list[triton.Config]:
     return cfgs
 
 
+def _cover(n: int) -> int:
+    """The smallest power-of-two tile, at least 16 (``tl.dot``'s least), that covers ``n``."""
+    return max(16, 1 << max(0, n - 1).bit_length())
+
+
+# Multiply-adds below which one launch of any config is over in well under the launch's own
+# few microseconds (16M at the H200's ~400 TFLOP/s of bf16 is 0.1 us): nothing to time.
+TINY = 2**24
+
+
+def prune(configs: list[triton.Config], named_args: dict, **_kwargs) -> list[triton.Config]:
+    """The configs worth timing for one launch's sizes (Triton's ``early_config_prune``).
+
+    A tile wider than its dimension only computes padding: at batch 64 with blocks of 64
+    features, ``BLOCK_M=128`` and ``BLOCK_M=64`` run the same tile with half of the first
+    masked. Each config's tile is clipped to what its sizes need, and of the configs that
+    then coincide only the one with the least padding is kept. Below ``TINY`` multiply-adds
+    only the config with the smallest tile is kept (the most programs for a small grid):
+    the first use of a notebook's small model on an H200 spent over a minute compiling and
+    timing configs whose launches all took the same few microseconds. Rows are ``B`` for a
+    stage and ``ROWS_PER_SPLIT`` for the weight gradients, whose ``BLOCK_M`` is the
+    reduction step."""
+    rows = named_args.get("ROWS_PER_SPLIT", named_args["B"])
+    sizes = {"BLOCK_M": rows, "BLOCK_O": named_args["NOUT"], "BLOCK_C": named_args["NRED"]}
+    kept: dict[tuple, triton.Config] = {}
+    for cfg in configs:
+        clipped = {k: min(v, _cover(sizes[k])) if k in sizes else v for k, v in cfg.kwargs.items()}
+        same = (tuple(sorted(clipped.items())), cfg.num_warps, cfg.num_stages)
+        if same not in kept or _tile(cfg) < _tile(kept[same]):
+            kept[same] = cfg
+    left = list(kept.values())
+    if named_args["B"] * named_args["NBLK"] * sizes["BLOCK_O"] * sizes["BLOCK_C"] < TINY:
+        return [min(left, key=_tile)]
+    return left
+
+
+def _tile(cfg: triton.Config) -> int:
+    kw = cfg.kwargs
+    return kw["BLOCK_M"] * kw["BLOCK_O"] * kw["BLOCK_C"]
+
+
 _cache: dict[tuple[str, str], list[triton.Config]] = {}
 
 

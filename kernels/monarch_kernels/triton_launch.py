@@ -19,6 +19,7 @@ autograd-aware custom ops.
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 import warnings
@@ -27,7 +28,7 @@ import torch
 import triton
 
 from . import blas
-from .configs import get_configs
+from .configs import get_configs, prune
 from .reference import monarch_shapes
 from .triton_kernels import (
     _batch_last_kernel,
@@ -185,10 +186,15 @@ def _run(kernel, grid: tuple[int, ...], args: tuple, **constants) -> None:
 
 
 def _autotuner(kind: str):
+    """Triton's autotuner over ``kind``'s configs, those that only pad pruned per launch. Its
+    choices are kept in Triton's cache on disk where this Triton can (3.2 and later): the next
+    process (a new worker, a restarted kernel) compiles nothing and times nothing again."""
     if kind not in _autotuned:
-        _autotuned[kind] = triton.autotune(configs=get_configs(kind), key=_KEYS[kind])(
-            _KERNELS[kind]
-        )
+        options = {"prune_configs_by": {"early_config_prune": prune}}
+        if "cache_results" in inspect.signature(triton.autotune).parameters:
+            options["cache_results"] = True
+        tune = triton.autotune(configs=get_configs(kind), key=_KEYS[kind], **options)
+        _autotuned[kind] = tune(_KERNELS[kind])
     return _autotuned[kind]
 
 
