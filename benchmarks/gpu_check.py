@@ -193,7 +193,7 @@ json.dump(info, open(sys.argv[1], "w"))
 def _commit() -> str:
     try:
         proc = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            ["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
             capture_output=True,
             text=True,
             timeout=10,

@@ -276,7 +276,7 @@ def notebook(cpu: bool, out: Path, limit: float) -> dict:
     want = "cpu:" if cpu else "cuda:"
     if not devices or not all(d.startswith(want) for d in devices):
         problems.append(f"%monarch up put the ranks on {devices or 'nothing'}, not {want}")
-    group = re.findall(r"torch.distributed: (\w+) process group", up)
+    group = re.findall(r"torch.distributed: (\S+) process group", up)
     pulled = re.findall(
         r"rank 0: monarch \d+ params ([\d.]+) ms/step acc ([\d.]+) \| dense \d+ params "
         r"([\d.]+) ms/step acc ([\d.]+)",
