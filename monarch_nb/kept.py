@@ -6,7 +6,16 @@ the cluster's host once its workers are up, again whenever a kernel attaches or 
 removed as it shuts down; ``<id>.log`` beside it is the host's log (its workers' output outside
 cells too), kept where the host shut itself down, so that it says why. The kernel reads the
 entry to attach (``%monarch attach``), the Jupyter server to list and shut down the clusters
-no kernel holds. An entry::
+no kernel holds. A host that finds its file deleted (or replaced) writes it again within a
+second (host/lease.py), so that the cluster stays reachable until its idle limit.
+
+A name is held by the host of the cluster it names: an exclusive ``flock`` on ``<name>.lock``
+beside the entries (``claim_name``), taken by the kernel before the host starts and inherited
+by the host, which keeps it open while it runs (and claims it again where the file is
+deleted). Of two kernels asking for a name at once, one gets the lock and the other is refused
+at once, before anything starts. A host that dies, even by SIGKILL, lets go of its lock with
+its last descriptor: Linux drops it, so no claim outlives its host and no pid is read to tell;
+one that shuts down also removes its lock file. An entry::
 
     {"id": "3f2c...", "name": "train", "scheduler_address": "tcp://127.0.0.1:40123",
      "dashboard_url": "http://127.0.0.1:40124/", "token": "9a0b...", "ranks": 2,
@@ -26,6 +35,7 @@ is skipped and reported once; one whose host is gone is stale and is removed.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -74,6 +84,51 @@ def remove(cluster_id: str) -> None:
     if registry.valid_id(cluster_id):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(kept_dir() / f"{cluster_id}.json")
+
+
+# -- names: one cluster each, held by its host ------------------------------------------------
+def _name_path(name: str) -> Path:
+    return kept_dir() / f"{name}.lock"  # never read as an entry: those are <32 hex>.json
+
+
+def claim_name(name: str) -> int | None:
+    """A descriptor of ``<name>.lock`` with an exclusive flock on it, which holds ``name`` for
+    this process and those it hands the descriptor to; None where another holds it."""
+    ensure_dir()
+    path = _name_path(name)
+    for _ in range(100):  # each turn, a holder letting go in between
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        if holds_name(fd, name):
+            return fd
+        os.close(fd)  # its holder removed it as it let go: the file there now is the one
+    return None
+
+
+def holds_name(fd: int, name: str) -> bool:
+    """Whether ``<name>.lock`` is still the file that ``fd`` locks (not deleted or replaced)."""
+    try:
+        there = os.stat(_name_path(name), follow_symlinks=False)
+    except OSError:
+        return False
+    mine = os.fstat(fd)
+    return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def release_name(fd: int, name: str) -> None:
+    """Let go of ``name``: its lock file removed while it is still held (a kernel that opened
+    it meanwhile sees it gone and claims a new one), then the lock."""
+    with contextlib.suppress(OSError):
+        if holds_name(fd, name):
+            os.unlink(_name_path(name))
+    os.close(fd)
 
 
 # -- reading: nothing is trusted until checked -------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 import threading
 from typing import TYPE_CHECKING, Any
@@ -147,10 +148,15 @@ _UP_INTERRUPTED = "%monarch up interrupted; its workers were stopped"
 def _up_kept(plans, threads, tls, idle, name, dist, backend, shape) -> Controller:
     """``up(keep=...)``: the cluster in a host process of its own (controller/hosting.py),
     which this kernel then attaches to as any other would."""
-    name = hosting.check_name(name, {e["name"] for e in kept.entries()})
-    if tls:
-        certificates.check_temporary()  # the one-line refusal, before the host starts
-    host = hosting.Host(plans, threads, tls, idle, name, dist)
+    name, claim = hosting.claim_name(name, {e["name"] for e in kept.entries()})
+    try:
+        if tls:
+            certificates.check_temporary()  # the one-line refusal, before the host starts
+        host = hosting.Host(plans, threads, tls, idle, name, claim, dist)
+    except BaseException:
+        kept.release_name(claim, name)  # no host: the name is free, its lock file gone
+        raise
+    os.close(claim)  # the host holds the name from here, until it exits
     try:
         _import_controller()  # while the host starts its workers
         entry = host.ready()

@@ -7,11 +7,16 @@ it, unless ``take``, which tells that kernel on the ``monarch-keep`` event topic
 ``scale`` and ``shutdown``. A holder whose client leaves the scheduler (its kernel exited,
 restarted or was killed) lets go by itself; from then on the idle clock runs, and the host
 shuts the cluster down once it has run for the cluster's idle limit.
+
+The lease writes the kept-cluster file at each change, from the scheduler's event loop, and
+``restore`` writes it again, from the host's main thread, where it is no longer the file last
+written (deleted, say, with the runtime directory): a lock keeps the two apart.
 """
 
 from __future__ import annotations
 
 import hmac
+import os
 import threading
 import time
 from typing import Any
@@ -38,6 +43,10 @@ class Lease(SchedulerPlugin):
         self.client: str | None = None  # the holder's Dask client id
         self.claimable_until = time.time() + START_GRACE  # the idle clock waits until then
         self.stop_reason: str | None = None
+        self.closing = False  # shutting down: its file removed, and not written again
+        self._writing = threading.RLock()  # restore() writes with it held
+        self._written: tuple | None = None  # (inode, mtime) of the file as last written
+        self._failed = False  # a failure to write is said once, until a write works again
 
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
@@ -60,11 +69,43 @@ class Lease(SchedulerPlugin):
         self._write()
         self.say(f"detached from {kept.holder_text(holder)} ({why})")
 
+    def write_file(self) -> None:
+        """Write the kept-cluster file now (raises OSError), unless the host is closing."""
+        with self._writing:
+            if not self.closing:
+                st = os.stat(kept.write(self.entry))
+                self._written, self._failed = (st.st_ino, st.st_mtime_ns), False
+
     def _write(self) -> None:
-        try:
-            kept.write(self.entry)
-        except OSError as e:  # the cluster goes on; only attaching by name would not see it
-            self.say(f"cannot write {kept.kept_dir()}: {e}")
+        with self._writing:
+            try:
+                self.write_file()
+            except OSError as e:  # the cluster goes on; restore() tries again
+                if not self._failed:
+                    self.say(f"cannot write {kept.kept_dir()}: {e}")
+                self._written, self._failed = None, True
+
+    def remove_file(self) -> None:
+        """The host shutting down: its file removed, and written no more."""
+        with self._writing:
+            self.closing = True
+            kept.remove(self.entry["id"])
+
+    def restore(self) -> None:
+        """Write the file again where it is not the one last written: deleted (the runtime
+        directory cleaned, by hand or at logout) or replaced."""
+        path = kept.kept_dir() / f"{self.entry['id']}.json"
+        with self._writing:
+            try:
+                st = os.stat(path, follow_symlinks=False)
+                there = (st.st_ino, st.st_mtime_ns)
+            except OSError:
+                there = None
+            if there == self._written or self.closing:
+                return
+            if self._written is not None:
+                self.say("its file was deleted or replaced: written again")
+            self._write()
 
     def remove_client(self, scheduler, client: str) -> None:
         if client == self.client:

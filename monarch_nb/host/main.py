@@ -6,9 +6,11 @@ so that neither the kernel's death nor JupyterLab's signals to the kernel's proc
 on its stdin (the token never shows in ``ps``). It starts the cluster as ``up`` does in the
 kernel (cluster.py's SpecCluster: the scheduler and a nanny per rank here, the workers forked
 from a forkserver of its own), puts the lease on the scheduler (lease.py), writes the
-kept-cluster file (kept.py) and tells the kernel on the ready pipe. Then it waits, and shuts
-the cluster down when asked (SIGTERM: ``%monarch down``, the sidebar's "Shut down"), when its
-scheduler is closed, or when no kernel has held it for its idle limit; it says why in its log.
+kept-cluster file (kept.py) and tells the kernel on the ready pipe. It holds the cluster's
+name (the lock the kernel claimed, inherited) for as long as it runs. Then it waits, writing
+its file and its name's lock file again where they were deleted, and shuts the cluster down
+when asked (SIGTERM: ``%monarch down``, the sidebar's "Shut down"), when its scheduler is
+closed, or when no kernel has held it for its idle limit; it says why in its log.
 """
 
 from __future__ import annotations
@@ -48,20 +50,23 @@ def main(ready_fd: int) -> None:
 
     spec = json.loads(sys.stdin.read())
     sys.stdin.close()
+    name = Name(spec["name"], spec["claim_fd"])
     forkserver.start()  # first: the workers' imports run there while this process imports Dask
     say(f"starting kept cluster {spec['name']} ({len(spec['plans'])} workers)")
     try:
         cluster, entry, lease = _start(spec, stop)
     except BaseException as e:  # the kernel shows it in one line
         say(f"could not start: {type(e).__name__}: {e}")
+        name.release()
         _tell(ready_fd, {"ok": False, "error": f"{type(e).__name__}: {e}"})
         raise SystemExit(1) from None
     _tell(ready_fd, {"ok": True})
     say(f"up at {entry['scheduler_address']}: {entry['ranks']} ranks")
-    why = _serve(cluster, lease, stop)
+    why = _serve(cluster, lease, name, stop)
     asked = stop.is_set()  # by a user (SIGTERM, %monarch down), not the idle limit
     why = reason.get("why") or lease.stop_reason or why
-    kept.remove(entry["id"])  # first: no kernel attaches to a cluster going down
+    lease.remove_file()  # first: no kernel attaches to a cluster going down
+    name.release()
     from monarch_nb.controller import cluster as clusters
 
     gone = cluster.scheduler.status.name in ("closing", "closed", "failed")
@@ -121,7 +126,7 @@ def _start(spec: dict[str, Any], stop: threading.Event):
             scheduler.handlers["monarch_keep"] = lease.handle
 
         cluster.sync(install)
-        kept.write(entry)
+        lease.write_file()
     except BaseException:
         with contextlib.suppress(Exception):
             cluster.close(timeout=10)
@@ -157,10 +162,46 @@ def _pems(security) -> dict[str, str] | None:
     }
 
 
-def _serve(cluster, lease, stop: threading.Event) -> str:
-    """Wait until the cluster is to go; why it goes."""
+class Name:
+    """The cluster's name, held with the lock the kernel claimed (kept.claim_name) and handed
+    on; claimed again where its lock file is deleted (a runtime directory cleaned), so that
+    no second cluster takes the name while this one runs."""
+
+    def __init__(self, name: str, fd: int):
+        self.name, self.fd = name, fd
+        os.set_inheritable(fd, False)  # this process's alone: its children exec without it
+        self.lost = False  # said once: another cluster claimed the name after the file went
+
+    def keep(self) -> None:
+        if kept.holds_name(self.fd, self.name):
+            return
+        try:
+            fd = kept.claim_name(self.name)
+            why = f"another kept cluster has claimed {self.name} since"
+        except OSError as e:
+            fd, why = None, f"claiming it again failed: {e}"
+        if fd is None:
+            if not self.lost:
+                say(f"its name's lock file {self.name}.lock was deleted, and {why}")
+            self.lost = True
+            return
+        os.close(self.fd)  # a lock on a file no longer there
+        self.fd, self.lost = fd, False
+        say(f"its name's lock file {self.name}.lock was deleted: claimed again")
+
+    def release(self) -> None:
+        kept.release_name(self.fd, self.name)
+
+
+def _serve(cluster, lease, name: Name, stop: threading.Event) -> str:
+    """Wait until the cluster is to go, keeping its file and its name's lock; why it goes."""
     limit = lease.entry["idle_limit"]
     while not stop.wait(TICK):
+        try:
+            lease.restore()
+            name.keep()
+        except Exception as e:  # the cluster matters more than its files
+            say(f"keeping its files: {type(e).__name__}: {e}")
         if cluster.scheduler.status.name in ("closing", "closed", "failed"):
             return "its scheduler was closed (the sidebar's Shut down, or scheduler.close())"
         idle = lease.idle_for()

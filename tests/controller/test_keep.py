@@ -1,12 +1,18 @@
 """Kept clusters (``up(keep=...)``) driven from this process as a notebook would: detached and
 attached again with every rank's state (namespace, process group, device mesh, actors), a
-second controller refused and ``take``, scaling, the idle limit, TLS, and ``down``. A kernel
-restart and SIGKILL are in tests/notebook/test_keep_kernels.py."""
+second controller refused and ``take``, scaling, the idle limit, TLS, a runtime directory
+cleaned under it, and ``down``; a name asked for by two processes at once, and idle limits past
+the maximum. A kernel restart and SIGKILL are in tests/notebook/test_keep_kernels.py."""
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
+import shutil
+import signal
+import subprocess
+import sys
 
 import _actor_helpers as helpers
 import cloudpickle
@@ -18,6 +24,7 @@ import monarch_nb
 from monarch_nb import errors, kept, registry
 from monarch_nb.actors import mesh as actors
 from monarch_nb.actors import recover
+from monarch_nb.controller import hosting
 from monarch_nb.errors import ClusterError
 
 cloudpickle.register_pickle_by_value(helpers)
@@ -46,6 +53,7 @@ def held(runtime):
     yield box
     if not box["ctl"].closed:
         box["ctl"].down()
+    kept.stop_host(ctl.kept)  # left detached by a test that failed
 
 
 def cluster_processes(host: int) -> list[int]:
@@ -192,6 +200,24 @@ def test_a_detached_tls_cluster_shuts_itself_down_after_its_idle_limit(held, run
     assert [e["name"] for e in kept.entries()] == [NAME]
 
 
+def name_is_free(name: str) -> bool:
+    """Whether nothing holds ``name`` now (a claim that succeeds is let go of at once)."""
+    fd = kept.claim_name(name)
+    if fd is not None:
+        kept.release_name(fd, name)
+    return fd is not None
+
+
+def test_a_runtime_directory_cleaned_under_a_kept_cluster_is_written_again(held):
+    """Its file and its name's lock, deleted (by hand, or a runtime directory cleaned at
+    logout) while it runs: the host writes them again, and the cluster is attached by name."""
+    held["ctl"].detach()
+    shutil.rmtree(kept.kept_dir())
+    assert wait_for(lambda: kept.find(NAME) is not None and not name_is_free(NAME), timeout=60)
+    again = held["ctl"] = monarch_nb.attach(NAME, current=False)
+    assert again.pull("x").values() == [0, 10]
+
+
 def test_down_shuts_the_host_and_every_process_down(held):
     ctl = held["ctl"]
     processes = cluster_processes(held["host"])
@@ -200,3 +226,90 @@ def test_down_shuts_the_host_and_every_process_down(held):
     assert wait_for(lambda: not running(processes), timeout=60), running(processes)
     assert kept.entries() == [] and not (kept.kept_dir() / f"{entry_id}.json").exists()
     assert not kept.log_path(entry_id).exists()  # asked for: nothing to read later
+    assert not (kept.kept_dir() / f"{NAME}.lock").exists() and name_is_free(NAME)
+
+
+def test_an_idle_limit_past_30_days_is_refused_in_one_line(runtime, cell, current_is):
+    current_is(None)
+    logs = set(kept.kept_dir().glob("*.log"))
+    cell("%monarch up --keep 99999999999999999999999d --workers 1 --cpu", expect_error=True)
+    assert str(cell.error) == (
+        "--keep: the idle limit can be at most 30d (30 days without a kernel), "
+        "got '99999999999999999999999d'"
+    )
+    for keep in ("31d", 30 * 86400 + 1, 10**400, float("inf")):
+        with pytest.raises(ValueError, match=r"^--keep: the idle limit can be at most 30d "):
+            monarch_nb.up(workers=1, cpu=True, keep=keep, current=False)
+    assert set(kept.kept_dir().glob("*.log")) == logs  # no host was started
+
+
+def test_a_name_claimed_by_a_host_starting_now_is_not_given_again(runtime, monkeypatch):
+    """Held as a starting host holds it, before its file is written: ``--name`` is refused at
+    once, and the name a notebook's cluster gets by default skips it."""
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)  # named "cluster", not a notebook's
+    held = kept.claim_name("cluster")
+    try:
+        with pytest.raises(ValueError, match=r"^a kept cluster named cluster is running"):
+            monarch_nb.up(workers=1, cpu=True, keep=True, name="cluster", current=False)
+        name, fd = hosting.claim_name(None, set())
+        kept.release_name(fd, name)
+        assert name == "cluster-2"
+    finally:
+        kept.release_name(held, "cluster")
+
+
+# Two kernels' `%monarch up --keep --name race`, let go at the same moment.
+RACE = """
+import json, sys
+import monarch_nb
+from monarch_nb.controller import start  # noqa: F401 (a kernel has imported it too)
+print("ready", flush=True)
+sys.stdin.readline()
+try:
+    ctl = monarch_nb.up(workers=1, cpu=True, keep="10m", name="race", dist=False, current=False)
+except ValueError as e:
+    print(json.dumps({"refused": str(e)}), flush=True)
+else:
+    ctl.run("x = 7")
+    print(json.dumps({"host": ctl.kept["pid"]}), flush=True)
+    ctl.detach()
+"""
+
+
+def test_two_processes_asking_for_one_name_at_once_start_one_cluster(runtime):
+    logs = set(kept.kept_dir().glob("*.log"))
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    try:
+        assert [c.stdout.readline() for c in children] == ["ready\n"] * 2
+        for c in children:
+            c.stdin.write("go\n")
+            c.stdin.flush()
+        said = sorted((json.loads(c.stdout.readline()) for c in children), key=str)
+        assert [c.wait(60) for c in children] == [0, 0]
+        assert said[0].keys() == {"host"}, said
+        assert said[1] == {
+            "refused": "a kept cluster named race is running: %monarch attach race attaches to "
+            "it, or give another --name"
+        }
+        assert len(set(kept.kept_dir().glob("*.log")) - logs) == 1  # the loser started nothing
+        ctl = monarch_nb.attach("race", current=False)
+        assert ctl.kept["pid"] == said[0]["host"] and ctl.pull("x").values() == [7]
+        ctl.detach()
+        # a host that dies holds its name no more: the lock goes with its last descriptor
+        processes = cluster_processes(said[0]["host"])
+        assert not name_is_free("race")
+        os.kill(said[0]["host"], signal.SIGKILL)
+        assert wait_for(lambda: not running(processes), timeout=60), running(processes)
+        assert name_is_free("race") and kept.find("race") is None
+    finally:
+        for c in children:
+            c.kill()
+            c.wait()
+        for entry in kept.entries():
+            if entry["name"] == "race":
+                kept.stop_host(entry)
