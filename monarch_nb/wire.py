@@ -89,6 +89,9 @@ class Writer:
 
 
 HEADER = struct.Struct("!Q")  # the length of the pickled message that follows
+# The most a peer's first message may claim, here and on Dask's TCP comms, before it has shown
+# it is one of ours: handshakes are under 200 bytes; an SSH banner's first 8 bytes claim 2.8 EiB
+MAX_HANDSHAKE = 64 * 1024
 # Requests sent once per rank and id, which a controller may send again after its relay ended
 # (dispatch/relaying.py); an engine drops the second copy.
 RESENT_OPS = ("execute", "call")
@@ -237,9 +240,9 @@ class FrameConn:
                 else:
                     self._unsent.popleft()
 
-    def feed(self) -> list[Any] | None:
+    def feed(self, first_limit: int | None = None) -> list[Any] | None:
         """The complete messages now readable, or None once the other side has closed; never
-        blocks."""
+        blocks. ``first_limit``: the most the first message may claim (``recv_one``)."""
         if self.tls:
             if self._eof or not self._tls_read():
                 return None
@@ -252,11 +255,11 @@ class FrameConn:
             if not got:
                 return None
             if not self._buf:  # the usual case: whole messages, read where they landed
-                out, start = _unframe(scratch, got)
+                out, start = _unframe(scratch, got, first_limit)
                 self._buf += scratch[start:got]
                 return out
             self._buf += scratch[:got]
-        out, start = _unframe(self._buf, len(self._buf))
+        out, start = _unframe(self._buf, len(self._buf), first_limit)
         if start:
             del self._buf[:start]
         return out
@@ -282,13 +285,14 @@ class FrameConn:
         return True
 
     def recv_one(self, timeout: float) -> Any:
-        """Block (at most ``timeout`` seconds) for one message: the handshake."""
+        """Block (at most ``timeout`` seconds) for one message: the handshake, which may claim
+        MAX_HANDSHAKE bytes at most (ValueError: a stranger's banner is no length to wait for)."""
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not _wait(self.sock, select.POLLIN, left):
                 raise TimeoutError(f"no handshake within {timeout:g} s")
-            msgs = self.feed()
+            msgs = self.feed(MAX_HANDSHAKE)
             if msgs is None:
                 raise ConnectionError("the connection closed during the handshake")
             if msgs:
@@ -306,18 +310,37 @@ class FrameConn:
             self.sock.close()
 
 
-def _unframe(buf, end: int) -> tuple[list[Any], int]:
-    """The whole messages in ``buf[:end]``, and where the first incomplete one starts."""
+def _unframe(buf, end: int, first_limit: int | None = None) -> tuple[list[Any], int]:
+    """The whole messages in ``buf[:end]``, and where the first incomplete one starts; a first
+    one that claims more than ``first_limit`` bytes is refused (ValueError), whole or not."""
     out = []
     start = 0
     size = HEADER.size
     while end - start >= size:
         (n,) = HEADER.unpack_from(buf, start)
+        if first_limit is not None and not start and n > first_limit:
+            raise ValueError(claim(buf[:size], n, first_limit))
         if end - start - size < n:
             break
         out.append(pickle.loads(buf[start + size : start + size + n]))
         start += size + n
     return out, start
+
+
+def claim(first, claimed: int, limit: int) -> str:
+    """A peer's first 8 bytes, and the size they claim against ``limit``, in words."""
+    first = bytes(first)
+    shown = first.decode() if all(32 <= b < 127 for b in first) else first.hex(" ")
+    size, most = _size(claimed), _size(limit)
+    return f"its first bytes ({shown}) claim a message of {size}; a handshake is {most} at most"
+
+
+def _size(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024:
+            return f"{n:.3g} {unit}"
+        n /= 1024
+    return f"{n:.3g} EiB"
 
 
 def _wait(sock: socket.socket, events: int, timeout: float) -> bool:

@@ -3,9 +3,13 @@ apart reached the rank as a segment of its own, which woke its thread for nothin
 
 from __future__ import annotations
 
+import logging
 import socket
+import threading
 
-from monarch_nb.wire import FrameConn
+from _wait import wait_for
+
+from monarch_nb.wire import FrameConn, accept_forever
 
 
 class CountingSocket(socket.socket):
@@ -81,3 +85,29 @@ def test_reading_a_message_does_not_allocate_a_read_buffer_each_time():
     finally:
         sender.close()
         receiver.close()
+
+
+def test_a_data_listener_hangs_up_on_a_first_frame_that_claims_too_much(caplog):
+    # A stranger's banner is read as the length of a handshake: "SSH-2.0-" claims 5.21 EiB,
+    # which the listener waited for, buffering whatever came, until its handshake timeout.
+    caplog.set_level(logging.INFO, logger="monarch_nb")
+    listener = socket.create_server(("127.0.0.1", 0))
+    hellos = []
+    threading.Thread(
+        target=accept_forever,
+        args=(listener, None, 30, lambda conn, hello: hellos.append(hello), "a test connection"),
+        daemon=True,
+    ).start()
+    try:
+        with socket.create_connection(listener.getsockname(), timeout=10) as sock:
+            sock.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+            assert sock.recv(1) == b""  # hung up on, well before the 30 s of a handshake
+        with socket.create_connection(listener.getsockname(), timeout=10) as sock:
+            FrameConn(sock).send({"token": "t"})  # a handshake is taken as before
+            assert wait_for(lambda: hellos == [{"token": "t"}], timeout=10)
+    finally:
+        listener.close()
+    assert (
+        "refused a test connection: its first bytes (SSH-2.0-) claim a message of 5.21 EiB; "
+        "a handshake is 64 KiB at most"
+    ) in caplog.text

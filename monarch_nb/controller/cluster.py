@@ -260,7 +260,9 @@ def start_local(plans: list[WorkerPlan], threads: int = 1, security=None):
     from distributed import SpecCluster
 
     forkserver.keep_preload()
+    from monarch_nb.controller import handshake
 
+    handshake.bound_dask_handshakes()  # what its listener reads before a handshake
     _quiet_dask_logs()
     protocol = "tls" if security is not None else "tcp"
     tls = {"security": security} if security is not None else {}

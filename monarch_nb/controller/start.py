@@ -11,6 +11,7 @@ owned: ``down`` closes it, and so does a failure before the controller is made.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import sys
@@ -197,18 +198,25 @@ def attach(name: str | None = None, take: bool = False, current: bool = True) ->
         return ctl
 
 
+# seconds to reach a kept cluster's scheduler: on this host, it answers in milliseconds
+ATTACH_TIMEOUT = 8
+
+
 def _attach_to(entry: dict, take: bool, backend, mesh) -> Controller:
     """A controller of the kept cluster of ``entry``, once its lease is this kernel's."""
-    from distributed import Client
+    from distributed import Security
 
+    from monarch_nb.controller import handshake
     from monarch_nb.controller.controller import Controller
 
+    address, security = entry["scheduler_address"], lease.security(entry)
+    args = (security or Security()).get_connection_args("client")
+    why = handshake.check(address, ATTACH_TIMEOUT, args)
+    if why is not None:  # a stopped host, or its port taken by another process
+        raise ClusterError(f"cannot attach to kept cluster {entry['name']}: {why}")
     try:
-        client = Client(
-            entry["scheduler_address"],
-            set_as_default=False,
-            timeout=8,
-            security=lease.security(entry),
+        client = handshake.client(
+            address, set_as_default=False, timeout=ATTACH_TIMEOUT, security=security
         )
     except OSError as e:
         raise ClusterError(f"cannot reach kept cluster {entry['name']}: {e}") from None
@@ -409,20 +417,33 @@ def _closed_on_error(cluster):
 
 
 def _client(address, scheduler_file, cluster, timeout, security):
-    """A Dask client of the scheduler, or a one-line ClusterError saying why not."""
-    from distributed import Client
+    """A Dask client of the scheduler, or a one-line ClusterError saying why not. An address
+    (or a scheduler file's) shakes hands first (handshake.py): within ``timeout``, and with a
+    Dask scheduler, not the dashboard or an SSH server."""
+    from distributed import Security
 
+    from monarch_nb.controller import handshake
+
+    handshake.bound_dask_handshakes()  # a cluster object's scheduler is not checked first
+    reach = address if scheduler_file is None else _file_address(scheduler_file)
+    if reach is not None and cluster is None:
+        args = (security or Security()).get_connection_args("client")
+        why = handshake.check(reach, timeout, args)
+        if why is not None:
+            raise ClusterError(why)
     try:
         if cluster is not None:
-            return Client(cluster, set_as_default=False, timeout=timeout, security=security)
+            return handshake.client(
+                cluster, set_as_default=False, timeout=timeout, security=security
+            )
         if scheduler_file is not None:
-            return Client(
+            return handshake.client(
                 scheduler_file=scheduler_file,
                 set_as_default=False,
                 timeout=timeout,
                 security=security,
             )
-        return Client(address, set_as_default=False, timeout=timeout, security=security)
+        return handshake.client(address, set_as_default=False, timeout=timeout, security=security)
     except OSError as e:
         where = address or scheduler_file or getattr(cluster, "scheduler_address", cluster)
         raise ClusterError(f"cannot reach a Dask scheduler at {where}: {e}") from None
@@ -433,3 +454,14 @@ def _client(address, scheduler_file, cluster, timeout, security):
             raise
         where = scheduler_file or getattr(cluster, "scheduler_address", cluster)
         raise ClusterError(f"the scheduler of {where} {_NEEDS_TLS}") from None
+
+
+def _file_address(path: str) -> str | None:
+    """The address in a scheduler file, or None where there is none yet (the Client waits for
+    it, and says so)."""
+    try:
+        with open(path) as f:
+            address = json.load(f)["address"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return address if isinstance(address, str) else None

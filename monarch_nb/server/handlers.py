@@ -313,9 +313,14 @@ async def close_scheduler(
     from distributed.comm.core import CommClosedError
     from distributed.core import rpc
 
+    from monarch_nb.controller import handshake
+
+    handshake.bound_dask_handshakes()  # before any of Dask's comms here reads a stranger's size
     remote = rpc(address, timeout=CONNECT_TIMEOUT, connection_args=connection_args)
     try:
         await asyncio.wait_for(remote.terminate(), CLOSE_TIMEOUT)
+    except handshake.NotDask as e:  # an SSH server, an HTTP one...: no bytes claimed were taken
+        return False, f"{handshake.not_a_scheduler(address, handshake.said(e))}; forgot it anyway"
     except (CommClosedError, EOFError):
         pass  # the scheduler closed the connection as it went down: the outcome we asked for
     except (OSError, asyncio.TimeoutError) as e:

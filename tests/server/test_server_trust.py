@@ -21,6 +21,7 @@ import psutil
 import pytest
 import tornado.httpclient
 import tornado.web
+from _peers import CLAIMS_4_GIB
 from _server_helpers import register, serve, status_of
 from distributed import Security
 
@@ -373,6 +374,12 @@ async def _garbage(reader, writer):
     writer.close()
 
 
+async def _claims_4_gib(reader, writer):
+    writer.write(CLAIMS_4_GIB)  # which Dask allocated, then waited for
+    await writer.drain()
+    await reader.read()
+
+
 async def _silent_peer(reader, writer):
     await reader.read()  # until the client gives up
 
@@ -380,10 +387,19 @@ async def _silent_peer(reader, writer):
 @pytest.mark.parametrize(
     "peer, says",
     [
-        (_garbage, "{address} answered, but not as a Dask scheduler (ValueError: "),
+        (
+            _garbage,
+            "{address} answered, but not as a Dask scheduler (its first bytes (ff ff ff ff ff ff "
+            "ff ff) claim a message of 16 EiB; a handshake is 64 KiB at most)",
+        ),
+        (
+            _claims_4_gib,
+            "{address} answered, but not as a Dask scheduler (its first bytes (00 00 00 00 01 00 "
+            "00 00) claim a message of 4 GiB; a handshake is 64 KiB at most)",
+        ),
         (_silent_peer, "the scheduler at {address} did not answer (TimeoutError)"),
     ],
-    ids=["garbage", "silent"],
+    ids=["garbage", "claims-4-gib", "silent"],
 )
 async def test_delete_at_an_address_that_is_no_scheduler(jp_fetch, runtime, peer, says):
     listener = await asyncio.start_server(peer, "127.0.0.1", 0)
