@@ -244,7 +244,7 @@ class Controller:
             msg["source"] = cell.source
         if not block:
             with gathering.sigint_sets() as stop:  # a Ctrl-C waits until every rank has it
-                req = dispatch.submit(self, "execute", ranks, msg)
+                req = dispatch.submit(self, "execute", ranks, msg, release=self._release())
                 sink = live_sink(f"[{format_ranks(ranks)}] running in the background")
                 renderer = Renderer(ranks, sink=sink, collapse=collapse, stream=stream)
                 handle = CellHandle(self, req, renderer, timeout)
@@ -260,12 +260,17 @@ class Controller:
         # Both before the send: the first reply may come at once, and a Ctrl-C is held until
         # every rank has the cell (gathering.sigint_sets).
         with self._reader.borrow(), gathering.sigint_sets() as stop:
-            req = dispatch.submit(self, "execute", ranks, msg)
+            req = dispatch.submit(self, "execute", ranks, msg, release=self._release())
             renderer = Renderer(ranks, collapse=collapse, stream=stream)
             if watch is not None:
                 watch(req)
             outcomes, stopped = dispatch.collect(self, req, renderer, timeout, stop)
         return dispatch.settle(self, req, outcomes, stopped, timeout)
+
+    def _release(self) -> str | None:
+        """What a cell's first failure cuts to release its other ranks (dispatch/releasing.py):
+        their process groups, where the cluster has one."""
+        return "group" if self.dist_backend else None
 
     def call(self, fn, *args, targets=None, per_rank: Mapping[int, tuple] | None = None):
         """Run ``fn(engine, *args)`` in each targeted rank's thread; a ValueMesh of the returns

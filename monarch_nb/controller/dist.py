@@ -18,12 +18,14 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from monarch_nb.dispatch.dispatch import send_interrupt
 from monarch_nb.dispatch.gathering import gather
 from monarch_nb.dispatch.output import Renderer
 from monarch_nb.dispatch.results import CellError, Interrupted
 from monarch_nb.dispatch.targets import format_ranks
 from monarch_nb.errors import ClusterError
 from monarch_nb.rank import mesh as rank_mesh
+from monarch_nb.rank import release as rank_release
 from monarch_nb.rank import session
 
 DEFAULT_TIMEOUT = 30.0
@@ -112,12 +114,25 @@ def regroup_after_interrupt(ctl, req, outcomes: dict[int, dict]) -> None:
     different collectives. A rank interrupted between two collectives leaves a peer waiting
     in the next one (StillRunning until the group's timeout, then the pairs are closed for
     good), or ranks stop one collective apart and the next cell's collectives pair up wrongly.
-    Ranks still waiting are set free by closing the group on the others (where nothing else
-    holds it: a DistributedDataParallel model does); then it forms again, at once or, for a
-    rank the group's timeout must free, before the next cell. Only on the notebook's thread:
+    Ranks still waiting are set free by cutting the group's connections on every rank
+    (rank/release.py); then it forms again, at once or, for a rank still in some other C call,
+    before the next cell. Only on the notebook's thread:
     a ``--noblock`` cell's handle leaves the check to the next cell (``form_if_pending``).
-    Whatever goes wrong here, the cell's own outcome is what its caller gets."""
+    Whatever goes wrong here, the cell's own outcome is what its caller gets.
+
+    A cell whose failed rank released the others (dispatch/releasing.py) cut every group's
+    connections, and a collective that gave up left its group useless: either way the group
+    forms again, here or before the next cell."""
     if ctl.closed or not ctl.dist_backend or req.kind != "execute":
+        return
+    released = req.on_failure is not None and req.on_failure.cut_at is not None
+    if released or any(ev.get("collective") for ev in outcomes.values()):
+        why = (
+            f"rank {req.on_failure.first} failed while the others waited for it"
+            if released
+            else "a collective gave up (a peer's connection closed, or the group's timeout)"
+        )
+        _after_failure(ctl, req, outcomes, why)
         return
     if len(req.ranks) != ctl.world_size:
         return
@@ -133,7 +148,9 @@ def regroup_after_interrupt(ctl, req, outcomes: dict[int, dict]) -> None:
             return  # unknown, or in step
         if stuck:
             ctl.regroup_pending = True  # from here on the group is being taken down
-            ctl.call(_leave, targets=[r for r in req.ranks if r not in stuck])
+            # every rank cuts its groups' connections (rank/release.py): a collective waiting
+            # on them ends at once, also where a DDP model holds the group
+            send_interrupt(ctl, req.ranks, req.id, cut="group")
             with contextlib.suppress(TimeoutError):
                 gather(req, Renderer(stuck), time.monotonic() + UNSTICK_WAIT, outcomes)
             for rank in stuck:
@@ -142,16 +159,16 @@ def regroup_after_interrupt(ctl, req, outcomes: dict[int, dict]) -> None:
             still = [r for r in stuck if r not in outcomes]
             if still:
                 _say(
-                    f"{format_ranks(still)} still waits in a C call (a collective the other "
-                    f"ranks left, say): the {ctl.dist_backend} process group forms again before "
-                    "the next cell, once that rank is free (a collective waits for its peers "
-                    f"until the group's timeout, {DEFAULT_TIMEOUT:g} s unless you chose another)"
+                    f"{format_ranks(still)} still waits in a C call: the {ctl.dist_backend} "
+                    "process group forms again before the next cell, once that rank is free"
                 )
                 return
             why = "a rank was left waiting in a collective"
         else:
             why = "collectives done: " + ", ".join(f"rank {r}: {n}" for r, n in enumerate(counts))
-        _form_again(ctl, f"the interrupt left the ranks out of step ({why})")
+        first = req.on_failure.first if req.on_failure is not None else None
+        what = "the interrupt" if first is None else f"rank {first}'s failure"
+        _form_again(ctl, f"{what} left the ranks out of step ({why})")
     except KeyboardInterrupt:
         ctl.regroup_pending = True
         _say("interrupted while the process group formed again; it forms before the next cell")
@@ -161,6 +178,31 @@ def regroup_after_interrupt(ctl, req, outcomes: dict[int, dict]) -> None:
             f"the process group was not formed again after the interrupt ({_short(e)}); "
             "the next cell tries again"
         )
+
+
+def _after_failure(ctl, req, outcomes: dict[int, dict], why: str) -> None:
+    """The group formed again after ``why``: now, on the notebook's thread with every rank of
+    the cell done; else before the next cell (a rank lost: as its replacement joins)."""
+    ctl.regroup_pending = True
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if any(ev.get("status") == "lost" for ev in outcomes.values()):
+        return
+    still = [r for r in req.ranks if r not in outcomes]
+    if still:
+        _say(
+            f"{why}; {format_ranks(still)} still runs (in a C call), and the "
+            f"{ctl.dist_backend} process group forms again before the next cell, once it is free"
+        )
+        return
+    try:
+        _form_again(ctl, why)
+    except KeyboardInterrupt:
+        ctl.regroup_pending = True
+        _say("interrupted while the process group formed again; it forms before the next cell")
+    except Exception as e:  # a rank lost meanwhile, the cluster going down...
+        ctl.regroup_pending = True
+        _say(f"the process group was not formed again ({_short(e)}); the next cell tries again")
 
 
 def form_if_pending(ctl, ranks: list[int]) -> None:
@@ -239,7 +281,11 @@ _SET_FREE = {
 
 
 def _interrupted(ev: dict) -> bool:
-    return ev.get("status") == "error" and ev["error"].get("ename") == "KeyboardInterrupt"
+    """Stopped by an interrupt: the user's, or another rank's failure (Released)."""
+    return ev.get("status") == "error" and ev["error"].get("ename") in (
+        "KeyboardInterrupt",
+        "Released",
+    )
 
 
 def _say(text: str) -> None:
@@ -285,6 +331,7 @@ def _join(engine, backend: str, host: str, port: int, timeout: float) -> None:
     rank, world_size = engine.identity["rank"], engine.identity["world_size"]
     _destroy()
     _unpin()
+    rank_release.track(port)  # what a failed peer's release cuts (rank/release.py)
     if rank == 0:
         store = _store["master"]
     else:
@@ -323,3 +370,4 @@ def _destroy() -> None:
     if dist.is_initialized():
         session.quiet_pollers(None)  # gloo waits for its loop's wake-ups as it closes
         dist.destroy_process_group()
+    rank_release.forget()

@@ -3,7 +3,9 @@ runs a module of a package the ranks have, as ``python -m`` and ``torchrun -m`` 
 
 Each rank starts the script as a child process with the variables torchrun sets (RANK,
 LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and streams its output back
-like a cell's. An interrupt stops the children.
+like a cell's. An interrupt stops the children, and so does another rank's script failing: the
+others' scripts are then waiting for it in a collective, in their own processes, and are ended
+(dispatch/releasing.py), as torchrun ends a job's workers when one fails.
 
 GPUs: torchrun's processes each see all of the node's GPUs and pick theirs with
 ``torch.cuda.set_device(LOCAL_RANK)``, but a worker sees only its own GPU. So where every rank
@@ -19,7 +21,9 @@ import socket
 import sys
 
 from monarch_nb.controller.dist import master_host
+from monarch_nb.dispatch import dispatch
 from monarch_nb.dispatch.results import CellError, RemoteError, ValueMesh
+from monarch_nb.dispatch.targets import format_ranks
 from monarch_nb.rank import children
 
 # The variables that narrow which GPUs a process sees: AMD's runtime, HIP, CUDA.
@@ -53,18 +57,34 @@ def run_script(ctl, path: str, args: list[str], targets=None, module: bool = Fal
             **visible[i],
         }
         per_rank[r] = (script, list(args), env, module)
-    codes = ctl.call(_run, targets=ranks, per_rank=per_rank)
-    failed = {r: c for r, c in codes.items() if c != 0}
-    if failed:
-        errors = {
-            r: RemoteError(r, ctl.ranks[r].host, "ScriptExit", f"{path} exited with code {c}", [])
-            for r, c in failed.items()
-        }
-        ok = ValueMesh({r: c for r, c in codes.items() if c == 0})
-        raise ScriptError(
-            errors, ok, ranks, f"{path} failed on {len(failed)} of {len(ranks)} ranks"
-        )
-    return codes
+    try:
+        return dispatch.call(ctl, _run, targets=ranks, per_rank=per_rank, release="children")
+    except CellError as e:
+        raise _script_error(path, e) from None
+
+
+class ScriptExit(Exception):
+    """Raised on a rank whose script exited non-zero: a failure, which releases the others."""
+
+
+def _script_error(path: str, e: CellError) -> ScriptError:
+    errors = {
+        r: RemoteError(r, err.host, "ScriptExit", f"{path} {err.evalue}", [])
+        if err.ename == "ScriptExit"
+        else err
+        for r, err in e.errors.items()
+    }
+    failed = [r for r, err in errors.items() if err.ename != "Released"]
+    released = [r for r in errors if r not in failed]
+    headline = f"{path} failed on {len(failed)} of {len(e.targets)} ranks"
+    if e.cause is not None:
+        headline = f"{path} failed on rank {e.cause}: {errors[e.cause].evalue}"
+    if released:
+        headline += f" ({format_ranks(released)} released)"
+    others = [r for r in failed if r != e.cause]
+    if e.cause is not None and others:  # of themselves, after it (their peer had gone)
+        headline += f"; {format_ranks(others)} failed too"
+    return ScriptError(errors, e.results, e.targets, headline, cause=e.cause)
 
 
 def host_visibility(hosts: list[str], pins: list[dict[str, str]]) -> list[dict[str, str]]:
@@ -108,4 +128,7 @@ def _run(engine, script: str, args: list[str], env: dict[str, str], module: bool
         raise FileNotFoundError(f"no script at {script} on {engine.host}")
     else:
         command = [sys.executable, "-u", script]
-    return children.run([*command, *args], env={**os.environ, **env})
+    code = children.run([*command, *args], env={**os.environ, **env})
+    if code != 0:
+        raise ScriptExit(f"exited with code {code}")
+    return code

@@ -17,6 +17,7 @@ from monarch_nb import wire
 from monarch_nb.dispatch import gathering, prompting, relaying, unanswered
 from monarch_nb.dispatch.links import Request, new_id
 from monarch_nb.dispatch.output import Renderer
+from monarch_nb.dispatch.releasing import Release
 from monarch_nb.dispatch.results import CellError, Interrupted, ValueMesh
 from monarch_nb.dispatch.targets import format_ranks
 from monarch_nb.errors import ClusterError
@@ -58,10 +59,15 @@ def submit(
     ranks: list[int],
     msg: dict[str, Any] | None = None,
     per_rank: Mapping[int, dict[str, Any]] | None = None,
+    release: str | None = None,
 ) -> Request:
+    """Send a request to ``ranks``. ``release``: the first rank to fail releases the others
+    (releasing.py), their second step ending this ("group", "children")."""
     req = Request(kind, ranks)
     req.send = lambda rank, msg: _link(ctl, req, rank) and ctl._links[rank].send(msg)
     req.reader = ctl._reader
+    if release is not None and len(ranks) > 1:
+        req.on_failure = Release(ctl, req, release, send_interrupt)
     ctl._router.add(req)
     body = {**(msg or {}), "id": req.id}
     # the same bytes for every rank: pickled once, not once per rank
@@ -97,10 +103,12 @@ def call(
     targets=None,
     per_rank: Mapping[int, tuple] | None = None,
     asked: str | None = None,
+    release: str | None = None,
 ) -> ValueMesh:
     """``fn(engine, *args)`` in each targeted rank's thread (``per_rank``: each rank's own
     args). ``asked`` names what the user asked for ("this push"): said when it waits behind a
-    busy rank, as a cell is; calls of our own (the process group's) stay quiet."""
+    busy rank, as a cell is; calls of our own (the process group's) stay quiet. ``release``:
+    as ``submit``'s."""
     ctl._check_open()
     ranks = ctl.targets(targets)
     if asked is not None:
@@ -113,7 +121,7 @@ def call(
     # Both before the send: the first reply may come at once, and a Ctrl-C is held until
     # every rank has the request (gathering.sigint_sets).
     with ctl._reader.borrow(), gathering.sigint_sets() as stop:
-        req = submit(ctl, "call", ranks, msg, per)
+        req = submit(ctl, "call", ranks, msg, per, release)
         outcomes, stopped = collect(ctl, req, Renderer(ranks), stop=stop)
     return settle(ctl, req, outcomes, stopped)
 
@@ -223,8 +231,16 @@ def _silence(ctl: Ctl, rank: int) -> str:
     return unanswered.why(known.get("pid"), known.get("host"))
 
 
-def send_interrupt(ctl: Ctl, ranks: Iterable[int], target: str | None = None) -> str:
-    """Interrupt ``ranks``; the press's key, which ``rank_info(press=)`` asks about."""
+def send_interrupt(
+    ctl: Ctl,
+    ranks: Iterable[int],
+    target: str | None = None,
+    release: str | None = None,
+    cut: str | None = None,
+) -> str:
+    """Interrupt ``ranks``; the press's key, which ``rank_info(press=)`` asks about.
+    ``release``: why another rank's failure stops them (releasing.py); ``cut``: what every
+    rank ends first, its cell running or not ("group": its process groups' connections)."""
     if ctl.closed:
         raise ClusterError("this cluster is down, and its cells ended with it")
     key = new_id("interrupt")  # one press, by two paths to each rank: acted on once there
@@ -234,6 +250,10 @@ def send_interrupt(ctl: Ctl, ranks: Iterable[int], target: str | None = None) ->
             if link is None:  # nothing of ours runs there: see _link
                 continue
             msg = {"op": "interrupt", "target": target, "sent": link.last_sent, "key": key}
+            if release is not None:
+                msg["release"] = release
+            if cut is not None:
+                msg["cut"] = cut
             link.interrupt_here(msg)
             ctl._loop.call_soon_threadsafe(link.control, msg)
     except RuntimeError:  # the client's event loop is closed: the client is gone
@@ -253,7 +273,8 @@ def settle(ctl: Ctl, req: Request, outcomes: dict[int, dict], stopped=None, time
             ev["ended_here"] = True
     ctl._regroup_after_interrupt(req, outcomes)  # controller/dist.py
     try:
-        return gathering.settle(req.ranks, hosts, outcomes, stopped, timeout)
+        first = req.on_failure.first if req.on_failure is not None else None
+        return gathering.settle(req.ranks, hosts, outcomes, stopped, timeout, first)
     except CellError as e:
         if req.kind == "execute":
             prompting.keep_failure(ctl, req.id, outcomes, e, call)

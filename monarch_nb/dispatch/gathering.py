@@ -94,7 +94,9 @@ def settle(
     outcomes: dict[int, dict],
     stopped=None,
     timeout=None,
+    first: int | None = None,
 ):
+    """``first``: the rank whose failure released the others (releasing.py), if one did."""
     values: dict[int, Any] = {}
     errors: dict[int, RemoteError] = {}
     for rank in ranks:
@@ -127,18 +129,46 @@ def settle(
     if not errors:
         return ValueMesh(values)
     if stopped is None:
-        raise CellError(errors, ValueMesh(values), ranks)
+        raise CellError(errors, ValueMesh(values), ranks, cause=cause(outcomes, errors, first))
     reason, running = stopped
+    stuck = [r for r in running if r not in outcomes]
+    stopped_ranks = [r for r in running if r in outcomes]
     if reason == "timeout":
         were = "was" if len(running) == 1 else "were"
-        raise CellTimeout(
-            errors,
-            ValueMesh(values),
-            ranks,
-            f"the cell ran past --timeout {timeout:g} s; {format_ranks(running)} "
-            f"{were} still running and {were} interrupted",
+        headline = (
+            f"the cell ran past --timeout {timeout:g} s; {format_ranks(running)} {were} still "
+            f"running and {were} interrupted"
         )
-    raise CellError(errors, ValueMesh(values), ranks, f"interrupted {format_ranks(running)}")
+        if stuck:
+            headline += _not_stopped(stuck)
+        raise CellTimeout(errors, ValueMesh(values), ranks, headline)
+    headline = f"interrupted {format_ranks(stopped_ranks)}" if stopped_ranks else ""
+    if stuck:
+        headline = (headline + _not_stopped(stuck)) if headline else _not_stopped(stuck)[2:]
+    raise CellError(errors, ValueMesh(values), ranks, headline)
+
+
+def _not_stopped(stuck: list[int]) -> str:
+    does, runs = ("does", "runs") if len(stuck) == 1 else ("do", "run")
+    return f"; {format_ranks(stuck)} {does} not stop and still {runs}"
+
+
+def cause(outcomes: Mapping[int, dict], errors: Mapping[int, RemoteError], first: int | None):
+    """The failure to name first, where one set off the others: the first to arrive
+    (``first``, known where the cell releases its ranks on a failure) if it failed of itself,
+    else the lowest rank that did (a collective that gave up shows a peer's failure, not its
+    own). None where no failure was first (no release) or every failure is alike (the same
+    error on every rank): the headline then counts them."""
+    knock_on = {"Released", "StillRunning"}
+    gave_up = {r for r in errors if outcomes.get(r, {}).get("collective")}
+    own = [r for r, e in errors.items() if e.ename not in knock_on and r not in gave_up]
+    released = gave_up or any(e.ename == "Released" for e in errors.values())
+    alike = len({(e.ename, e.evalue) for e in errors.values()}) == 1
+    if not released and (first is None or alike):
+        return None
+    if first in own:
+        return first
+    return own[0] if own else first
 
 
 _armed: threading.Event | None = None  # the Event the main thread's Ctrl-C sets, if any

@@ -70,6 +70,9 @@ class Request:
         self.turns = None  # whose prompt is open (prompting.Turns), once a rank asks
         self.send = None  # send(rank, msg) on that rank's link (dispatch.submit sets it)
         self.reader = None  # the Reader (reader.py) a thread waiting for this may borrow
+        # called with (rank, event) at the first rank that fails while others still run
+        # (releasing.py's Release: it stops them)
+        self.on_failure = None
 
 
 class Router:
@@ -109,6 +112,8 @@ class Router:
                 remaining.discard(rank)
                 if not remaining:
                     del self._requests[req.id]
+            if remaining and req.on_failure is not None and failed(ev):
+                req.on_failure(rank, ev)  # the others are still running: release them
         else:
             with self._lock:
                 req = self._requests.get(ev["id"])
@@ -141,6 +146,15 @@ class Router:
                 if req.kind == kind
                 for rank in req.remaining
             }
+
+
+def failed(ev: dict[str, Any]) -> bool:
+    """Whether a rank's end is a failure of its own: not an interrupt (the user's Ctrl-C, a
+    timeout's) nor a release by another rank's failure."""
+    if ev["status"] == "lost":
+        return True
+    ename = (ev.get("error") or {}).get("ename")
+    return ev["status"] == "error" and ename not in ("KeyboardInterrupt", "Released")
 
 
 async def _connect_data(address: str, hello: dict[str, Any]) -> socket.socket:

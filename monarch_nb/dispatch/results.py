@@ -177,7 +177,8 @@ class RemoteError(Exception):
 
 class CellError(Exception):
     """Some ranks failed. ``errors`` maps rank to RemoteError; ``results`` holds the ranks that
-    succeeded, so nothing they computed is lost."""
+    succeeded, so nothing they computed is lost. ``cause``: the rank whose failure set off the
+    others' (releasing.py), named first, in the headline too."""
 
     max_shown = 5
     max_messages = 8  # per traceback, the ranks' own messages where they differ
@@ -189,14 +190,27 @@ class CellError(Exception):
         results: ValueMesh,
         targets: list[int],
         headline: str | None = None,
+        cause: int | None = None,
     ):
         self.errors = dict(sorted(errors.items()))
         self.results = results
         self.targets = targets
-        self.headline = headline or f"{len(self.errors)} of {len(targets)} ranks failed"
+        self.cause = cause if cause in self.errors else None
+        self.headline = headline or self._headline()
         first = next(iter(self.errors.values()), None)
-        detail = f": {first.ename}: {first.evalue}" if first else ""
+        detail = f": {first.ename}: {first.evalue}" if first and self.cause is None else ""
         super().__init__(self.headline + detail)
+
+    def _headline(self) -> str:
+        if self.cause is None:
+            return f"{len(self.errors)} of {len(self.targets)} ranks failed"
+        err = self.errors[self.cause]
+        released = [r for r, e in self.errors.items() if e.ename == "Released"]
+        also = f" ({format_ranks(released)} released)" if released else ""
+        others = len(self.errors) - len(released) - 1
+        if others:
+            also += f"; {others} other rank{'s' if others > 1 else ''} failed too"
+        return f"rank {self.cause}: {err.ename}: {err.evalue}{also}"
 
     def debug(self, rank: int | None = None) -> None:
         """pdb on ``rank``'s traceback (default: the lowest that failed), in the notebook's
@@ -210,10 +224,14 @@ class CellError(Exception):
         failed at the same lines with the same exception share one, whatever their messages
         (``ValueError(f"bad loss on rank {rank}")``)."""
         seen: dict[tuple, tuple[list[int], RemoteError]] = {}
-        for rank, err in self.errors.items():
+        order = sorted(self.errors.items(), key=lambda item: item[0] != self.cause)
+        for rank, err in order:
             key = (err.ename, _frames(err.traceback))
             seen.setdefault(key, ([], err))[0].append(rank)
-        return list(seen.values())
+        groups = list(seen.values())
+        for ranks, _err in groups:
+            ranks.sort()
+        return groups
 
     def _render_traceback_(self) -> list[str]:
         lines = [self.headline]

@@ -16,9 +16,13 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 
 Write = Callable[[str], object]
+
+_running: set[subprocess.Popen] = set()  # started here and not yet waited for
+_running_lock = threading.Lock()
 
 
 def start(
@@ -28,7 +32,7 @@ def start(
     group of its own inside the worker's session, stdin closed, stdout and stderr piped
     (``merge_stderr``: one pipe)."""
     shell = isinstance(cmd, str)
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         cmd,
         shell=shell,
         executable=(os.environ.get("SHELL") or None) if shell else None,
@@ -38,6 +42,9 @@ def start(
         stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
         process_group=0,
     )
+    with _running_lock:
+        _running.add(proc)
+    return proc
 
 
 def run(cmd: str | list[str], env: dict[str, str] | None = None) -> int:
@@ -77,6 +84,20 @@ def finish(proc: subprocess.Popen, out: Write, err: Write) -> int:
     except BaseException:
         stop(proc)
         raise
+    finally:
+        with _running_lock:
+            _running.discard(proc)
+
+
+def terminate_all() -> int:
+    """SIGTERM to the process group of every child still running: a script whose peer failed
+    waits in a collective, in C, where SIGINT is not acted on (``release.py``); how many."""
+    with _running_lock:
+        procs = [p for p in _running if p.poll() is None]
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    return len(procs)
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -30,9 +30,10 @@ from distributed.comm import CommClosedError
 from distributed.core import Status
 
 from monarch_nb.rank import autoreload as rank_autoreload
+from monarch_nb.rank import children, debugger, session
 from monarch_nb.rank import comms as rank_comms
-from monarch_nb.rank import debugger, session
 from monarch_nb.rank import mesh as rank_mesh
+from monarch_nb.rank import release as rank_release
 from monarch_nb.rank import shell as rank_shell
 from monarch_nb.rank import stacks as rank_stacks
 from monarch_nb.rank import sync as rank_sync
@@ -96,8 +97,10 @@ class Engine:
         self._in_user = False
         self._interrupt_pending = False  # interrupted after taking a cell, before running it
         self._interrupt_sent = False  # a KeyboardInterrupt raised in the thread, maybe not landed
-        self._cancelled: collections.OrderedDict[str, None] = collections.OrderedDict()
+        # requests interrupted before they ran, and the release that dropped them, if one did
+        self._cancelled: collections.OrderedDict[str, str | None] = collections.OrderedDict()
         self._interrupts: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._released: dict[str, str] = {}  # the running cell, if another rank's failure ended it
         self._aloop: asyncio.AbstractEventLoop | None = None
         self.failure = None  # (request id, exception, traceback) of the last failed cell
         self.reloader: rank_autoreload.Reloader | None = None  # %monarch autoreload on
@@ -107,7 +110,7 @@ class Engine:
         rank_comms.install(self)  # widgets made on this rank reach the notebook
         debugger.install()  # input(), getpass and pdb of its cells ask the notebook
         # Ctrl-C from a controller on this host, past both event loops (engine_io.Wire._hello)
-        self.wire.on_interrupt = lambda m: self.interrupt(m.get("target"), m.get("sent"), m["key"])
+        self.wire.on_interrupt = self._interrupt_msg
         self._thread = threading.Thread(target=self._main, name="monarch-engine", daemon=True)
         self._thread.start()
 
@@ -130,7 +133,7 @@ class Engine:
 
     def _control(self, channel: Channel, msg: dict[str, Any]) -> None:
         if msg["op"] == "interrupt":
-            self.interrupt(msg.get("target"), msg.get("sent"), msg.get("key"))
+            self._interrupt_msg(msg)
         elif msg["op"] == "info":
             info = self.info(msg.get("about"), msg.get("press"))
             channel.reply({"ev": "done", "id": msg["id"], "status": "ok", "info": info})
@@ -139,14 +142,25 @@ class Engine:
         elif msg["op"] == "stacks":  # %monarch stacks: this thread may be blocked in C
             rank_stacks.answer(self, channel, msg)
 
+    def _interrupt_msg(self, m: dict[str, Any]) -> None:
+        self.interrupt(m.get("target"), m.get("sent"), m.get("key"), m.get("release"), m.get("cut"))
+
     def interrupt(
-        self, cell_id: str | None = None, sent: str | None = None, key: str | None = None
+        self,
+        cell_id: str | None = None,
+        sent: str | None = None,
+        key: str | None = None,
+        release: str | None = None,
+        cut: str | None = None,
     ) -> None:
         """Raise KeyboardInterrupt in the running cell (or drop ``cell_id`` if still queued).
         ``sent``: the newest request its controller had sent when it asked; one it sent later
         is spared (the interrupt came on the control comm, behind it). ``key``: the press it
         stands for, which arrives by two paths (wire.py's ``interrupt_here``) and acts once;
-        the request it hit is kept under it for ``info``."""
+        the request it hit is kept under it for ``info``. ``release``: why another rank's
+        failure stops this cell, which it then reports; ``cut``: what to end first, even on a
+        rank whose cell is done ("group": its process groups' connections, "children": its
+        child processes; release.py)."""
         with self._lock:
             if key is not None:
                 if key in self._interrupts:
@@ -155,11 +169,19 @@ class Engine:
                 while len(self._interrupts) > MAX_CANCELLED:
                     self._interrupts.popitem(last=False)
                 self._interrupts[key] = self._hit(cell_id, sent)
+            hit = self._current is not None and self._hit(cell_id, sent) == self._current
+            if release is not None and hit:
+                self._released[self._current] = release
+        if cut == "group":
+            rank_release.cut()
+        elif cut == "children":
+            children.terminate_all()
+        with self._lock:
             if cell_id is None and sent is not None and sent_after(self._current, sent):
                 return
             if cell_id is not None and cell_id != self._current:
                 # Still to come (or already done): drop it when it arrives.
-                self._cancelled[cell_id] = None
+                self._cancelled[cell_id] = release
                 while len(self._cancelled) > MAX_CANCELLED:
                     self._cancelled.popitem(last=False)
                 return
@@ -220,7 +242,7 @@ class Engine:
             "hit": hit,
             "queued": len(self.wire.inbox),
             "names": len(names),
-            "collectives": _collectives(),
+            "collectives": rank_release.collectives(),
             "labels": self.labels,
         }
 
@@ -241,8 +263,11 @@ class Engine:
         cid = msg["id"]
         with self._lock:
             if cid in self._cancelled:
-                del self._cancelled[cid]
-                channel.reply({"ev": "done", "id": cid, "status": "cancelled"})
+                released = self._cancelled.pop(cid)
+                done = {"status": "cancelled"}
+                if released is not None:  # another rank failed before this one started it
+                    done = {"status": "error", "error": rank_release.released_error({}, released)}
+                channel.reply({"ev": "done", "id": cid, **done})
                 return
             self._current, self._started_at = cid, time.time()
         reply = {"status": "error", "error": plain_error("interrupted before it finished")}
@@ -255,6 +280,9 @@ class Engine:
             with self._lock:
                 self._current = self._started_at = None
                 self._interrupt_pending = False
+                released = self._released.pop(cid, None)
+            if released is not None and reply["status"] == "error":
+                reply = {**reply, "error": rank_release.released_error(reply["error"], released)}
             channel.reply({"ev": "done", "id": cid, **reply})
 
     def _run_op(self, channel: Channel, msg: dict[str, Any]) -> dict[str, Any]:
@@ -323,7 +351,8 @@ class Engine:
             self.reloader.after_cell()
         if not ok:
             debugger.keep_failure(self, msg["id"], value)
-            return {"status": "error", "error": format_error(value)}
+            gave_up = rank_release.collective_failure(value)  # its group is formed afresh
+            return {"status": "error", "error": format_error(value), "collective": gave_up}
         if expr is None or silent:
             return {"status": "ok"}
         return {"status": "ok", **pack(value)}
@@ -420,20 +449,6 @@ def _ssl_context(worker):
     if not worker.address.startswith("tls://"):
         return None
     return worker.security.get_listen_args("worker").get("ssl_context")
-
-
-def _collectives() -> int:
-    """How many collectives this rank has called on its default process group (-1: none).
-    Read from any thread, also while the rank's own thread waits in one."""
-    dist = sys.modules.get("torch.distributed")
-    try:
-        if dist is None or not dist.is_available() or not dist.is_initialized():
-            return -1
-        from torch.distributed import distributed_c10d
-
-        return distributed_c10d._get_default_group()._get_sequence_number_for_group()
-    except Exception:  # a backend without the count, a group going away meanwhile: unknown
-        return None
 
 
 def _device_info(local_rank: int) -> dict[str, Any]:

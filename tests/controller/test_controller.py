@@ -466,7 +466,7 @@ def test_code_stuck_in_a_c_call_is_reported_with_restart_offered(clean):
     with pytest.raises(CellError) as info:
         clean.run("import time\ntime.sleep(4 if rank == 0 else 0)\nrank")
     err = info.value
-    assert err.headline == "interrupted rank 0"
+    assert err.headline == "rank 0 does not stop and still runs"  # nothing else was running
     assert err.errors[0].ename == "StillRunning"
     assert "%monarch restart" in err.errors[0].evalue
     assert err.results.to_dict() == {1: 1}

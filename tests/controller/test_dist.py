@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pytest
@@ -95,7 +96,10 @@ def test_run_a_torchrun_style_script(cell, clean, tmp_path, monkeypatch):
     assert "[rank 1] rank 0 of 1 local 0 1 sum 1.0" in cell.out
     cell("%monarch run train.py fail", expect_error=True)
     rendered = "\n".join(cell.error._render_traceback_())
-    assert "train.py failed on 1 of 2 ranks" in rendered
+    # rank 0 may still be ending when rank 1 fails, and is then released
+    assert re.search(
+        r"train\.py failed on (1 of 2 ranks|rank 1: .*code 3 \(rank 0 released\))", rendered
+    )
     assert "[rank 1] ScriptExit: train.py exited with code 3" in rendered
     cell("%monarch run missing.py", expect_error=True)
     assert "run: no script at 'missing.py'" in str(cell.error)
