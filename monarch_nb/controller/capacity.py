@@ -31,11 +31,12 @@ LOCAL_RANK_FILES = 14
 REMOTE_RANK_FILES = 6
 
 
-def check(before: int, n: int, local: bool, up: bool = False) -> None:
+def check(before: int, n: int, local: bool, up: bool = False, mesh: str | None = None) -> None:
     """Refuse growing from ``before`` to ``n`` ranks (ValueError, one line) where the new ranks
     would not fit: memory and processes on this machine for a ``local`` cluster's ranks, and,
     for any cluster, open files in this kernel. The tightest limit is the one named. ``up``:
-    said of ``up --workers n`` rather than ``scale n``."""
+    said of ``up --workers n`` rather than ``scale n``, or of ``up --mesh MESH`` where the
+    mesh asked for ``n`` (``mesh="dp=64"``)."""
     new = n - before
     if new <= 0:
         return
@@ -45,7 +46,10 @@ def check(before: int, n: int, local: bool, up: bool = False) -> None:
     most, why = min((limit for limit in limits if limit is not None), default=(new, ""))
     if new <= most:
         return
-    if up:
+    if up and mesh:
+        asked = f"up --mesh {mesh} ({n} ranks)"
+        fit = f"a mesh of {most} ranks at most" if most > 0 else "no rank fits"
+    elif up:
         asked = f"up --workers {n}"
         fit = f"--workers {most} at most" if most > 0 else "no rank fits"
     else:

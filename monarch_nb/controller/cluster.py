@@ -96,9 +96,14 @@ def detect_gpus(env: Mapping[str, str] | None = None, root: str | Path = "/") ->
 
 
 def plan_workers(
-    inventory: GpuInventory, workers: int | None = None, cpu: bool = False, threads: int = 1
+    inventory: GpuInventory,
+    workers: int | None = None,
+    cpu: bool = False,
+    threads: int = 1,
+    mesh: str | None = None,
 ) -> list[WorkerPlan]:
-    """One plan per worker process: its rank (= worker name) and the environment it starts with."""
+    """One plan per worker process: its rank (= worker name) and the environment it starts with.
+    ``mesh``: the ``--mesh`` that asked for ``workers``, named where they cannot be."""
     if workers is not None and workers < 1:
         raise ValueError(f"--workers must be at least 1, got {workers}")
     if threads < 1:
@@ -111,6 +116,11 @@ def plan_workers(
             env[inventory.variable] = ""  # hide the GPUs from CPU workers
         return [WorkerPlan(i, dict(env)) for i in range(n)]
     n = workers or len(inventory.ids)
+    if n > len(inventory.ids) and mesh:
+        raise ValueError(
+            f"--mesh {mesh} asks for {n} workers but {len(inventory.ids)} GPUs are visible; "
+            f"give a mesh of {len(inventory.ids)} ranks at most, or add --cpu for CPU workers"
+        )
     if n > len(inventory.ids):
         raise ValueError(
             f"asked for {n} workers but {len(inventory.ids)} GPUs are visible; "

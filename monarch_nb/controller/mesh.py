@@ -70,8 +70,14 @@ def parse(spec: Any) -> Shape | None:
 
 
 def _size(name: str, size: Any) -> int:
-    if isinstance(size, str):
-        size = int(size) if size.strip().lstrip("-").isdigit() else size
+    if isinstance(size, str) and re.fullmatch(r"\s*-?[0-9]+\s*", size):
+        # ASCII digits only: "²" is a digit to str.isdigit, not to int()
+        try:
+            size = int(size)
+        except ValueError:  # past Python's 4300 digits
+            raise ValueError(
+                f"mesh: {name} has {len(size.strip())} digits: no cluster is that large"
+            ) from None
     if isinstance(size, bool) or not isinstance(size, int):
         raise ValueError(f"mesh: {name}={size!r}: a size is a whole number, at least 1")
     if size < 1:

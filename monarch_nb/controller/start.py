@@ -99,13 +99,14 @@ def up(
     idle = hosting.idle_limit(keep)
     if idle is None and name is not None:
         raise ValueError("--name names a kept cluster: add --keep (keep=True)")
+    asked = device_mesh.text(shape) if shape and workers is None else None  # the mesh's count
     if shape is not None:
         workers = _mesh_workers(shape, workers, dist)
     with _only_one(current):
         if workers is not None and workers > 0:  # before a plan per rank of a size never met
-            capacity.check(0, workers, local=True, up=True)
+            capacity.check(0, workers, local=True, up=True, mesh=asked)
         plans = clusters.plan_workers(
-            clusters.detect_gpus(), workers=workers, cpu=cpu, threads=threads
+            clusters.detect_gpus(), workers=workers, cpu=cpu, threads=threads, mesh=asked
         )
         if idle is not None:
             ctl = _up_kept(plans, threads, tls, idle, name, dist, backend, shape)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from monarch_nb.dispatch import dispatch
+from monarch_nb.dispatch import dispatch, unanswered
 
 if TYPE_CHECKING:
     from monarch_nb.controller.controller import Controller
@@ -14,6 +14,13 @@ if TYPE_CHECKING:
 
 def rows(ctl: Controller) -> list[dict[str, Any]]:
     alive = [i.rank for i in ctl.ranks if i.alive]
+    for rank in alive:
+        # A worker stopped on this machine (SIGSTOP, Ctrl-Z) cannot answer: read from /proc,
+        # its rank gets the short wait of one that did not answer last time (SILENT_WAIT), not
+        # the whole one, on the first status too. Let go on, it answers within that wait.
+        known = ctl._known.get(rank, {})
+        if unanswered.process_state(known.get("pid"), known.get("host")) == "stopped":
+            ctl.unanswering.add(rank)
     outcomes = dispatch.rank_info(ctl, alive, timeout=2)
     table = []
     now = time.time()

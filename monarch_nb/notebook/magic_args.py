@@ -266,9 +266,25 @@ def _dist(parser) -> None:
     )
 
 
+class _Once(argparse.Action):
+    """An option given once: argparse would keep the last of two ``--mesh``, and drop the
+    first's dimensions without a word."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        first = getattr(namespace, self.dest, None)
+        if first is not None:
+            raise argparse.ArgumentError(
+                self,
+                f"given twice ({first} and {values}); give the whole shape once, e.g. "
+                f"{option_string} dp=2,tp=2",
+            )
+        setattr(namespace, self.dest, values)
+
+
 def _mesh(parser) -> None:
     parser.add_argument(
         "--mesh",
+        action=_Once,
         default=None,
         metavar="SHAPE",
         help="a torch DeviceMesh named mesh on every rank: NAME=SIZE,... e.g. dp=2,tp=2",

@@ -66,7 +66,7 @@ def parts(view: dict[str, Any], width: int, top: float, states: dict[str, str]) 
             None,
             _loss_title(apart),
             "step",
-            "no loss yet: monarch_nb.log(step=i, loss=...)",
+            view.get("no_loss", "no loss yet: monarch_nb.log(step=i, loss=...)"),
             _log_scale(loss),
             bands=[(LOSS_COLOR, loss)] if loss else [],
         )

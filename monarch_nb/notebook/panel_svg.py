@@ -41,6 +41,8 @@ STATE_COLORS = {
 }
 _HEAD = 26  # the title line
 _CHART = 176  # the three charts under the rank rows
+NO_LOSS = "no loss yet: monarch_nb.log(step=i, loss=...)"
+NO_LOSS_IN_CELL = "no loss logged by this cell: monarch_nb.log(step=i, loss=...)"  # its panel
 
 
 def panel_view(
@@ -48,9 +50,11 @@ def panel_view(
     states: dict[Any, tuple[str, float | None]] | None = None,
     ranks: list | None = None,
     now: float | None = None,
+    cell: bool = False,
 ) -> dict[str, Any]:
     """The picture's data from a metrics snapshot (``Store.snapshot``) and the cell's
-    ``rank -> (state, seconds running)``; ``ranks`` adds rows for ranks that logged nothing."""
+    ``rank -> (state, seconds running)``; ``ranks`` adds rows for ranks that logged nothing.
+    ``cell``: the snapshot holds a cell's own rows (``rows_since``), and says so where none."""
     states = states or {}
     now = time.time() if now is None else now
     base = rank_view({"workers": [], "metrics": snapshot})
@@ -85,7 +89,8 @@ def panel_view(
     for series in base["loss"]:
         entry = logged.get(series["rank"]) or {}
         loss.append({**series, "of": max(entry.get("rows") or 0, len(series["steps"]))})
-    return {"now": now, "ranks": out_rows, "loss": loss, "history": history}
+    empty = NO_LOSS_IN_CELL if cell else NO_LOSS
+    return {"now": now, "ranks": out_rows, "loss": loss, "history": history, "no_loss": empty}
 
 
 def _order(rank: Any) -> tuple:
@@ -200,7 +205,7 @@ def _per_rank(view: dict[str, Any], h: int) -> list[str]:
             None,
             loss_title,
             "step",
-            "no loss yet: monarch_nb.log(step=i, loss=...)",
+            view.get("no_loss", NO_LOSS),
             log_y,
         )
     )

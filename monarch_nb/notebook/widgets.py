@@ -86,10 +86,11 @@ class LivePanel:
 
     # -- what the panel shows --------------------------------------------------------------
     def track(self, request) -> None:
-        """Show the state of ``request`` (a cell) on each of its ranks until it finishes; the
-        picture says so from now, not from the updating thread's next turn."""
+        """Show the state of ``request`` (a cell) on each of its ranks until it finishes, and
+        what the cell logs (not what earlier cells did); the picture says so from now, not
+        from the updating thread's next turn."""
         self.request = request
-        self.refresh(force=False)
+        self.refresh()
 
     def cell_states(self) -> dict[int, tuple[str, float | None]]:
         """rank -> (state, seconds since the cell started); without a cell: up, lost or down."""
@@ -112,12 +113,19 @@ class LivePanel:
     def refresh(self, force: bool = True) -> None:
         """Re-read the metrics (the updating thread: only when there are new ones) and redraw
         the picture; the widget's value is sent only when it changed."""
+        req = self.request
         if force or self._metrics_news or self._snapshot is None:
             self._metrics_news = False
-            self._snapshot = self.ctl.metrics.snapshot(points=LOSS_POINTS, samples=HISTORY_SAMPLES)
+            self._snapshot = self.ctl.metrics.snapshot(
+                points=LOSS_POINTS,
+                samples=HISTORY_SAMPLES,
+                rows_since=req.t0 if req is not None else None,  # the cell's own rows
+            )
             self.updates += 1
-        ranks = self.request.ranks if self.request is not None else [i.rank for i in self.ctl.ranks]
-        self.view = panel_svg.panel_view(self._snapshot, self.cell_states(), ranks=ranks)
+        ranks = req.ranks if req is not None else [i.rank for i in self.ctl.ranks]
+        self.view = panel_svg.panel_view(
+            self._snapshot, self.cell_states(), ranks=ranks, cell=req is not None
+        )
         value = self.html()
         if value != self.widget.value:
             self.widget.value = value

@@ -30,7 +30,7 @@ from distributed.comm import CommClosedError
 from distributed.core import Status
 
 from monarch_nb.rank import autoreload as rank_autoreload
-from monarch_nb.rank import children, debugger, session
+from monarch_nb.rank import children, debugger, session, worker_logs
 from monarch_nb.rank import comms as rank_comms
 from monarch_nb.rank import mesh as rank_mesh
 from monarch_nb.rank import release as rank_release
@@ -44,16 +44,11 @@ from monarch_nb.rank.engine_io import Channel, Wire
 from monarch_nb.wire import sent_after
 
 PLUGIN_NAME = "monarch-engine"
-IDENTITY = (
-    "rank",
-    "world_size",
-    "local_rank",
-    "host",
-    "device",
-    "mesh",
-    "display",
-    "get_ipython",
-)
+# Set before every cell and call: a cell's `rank = 5` or `del mesh` lasts that cell only, so
+# that every later cell, on every rank, reads the rank's own (docs/magics-and-output.md)
+PER_CELL = ("rank", "world_size", "local_rank", "host", "device", "mesh")
+# and these once, as IPython sets them: a cell may define a display() of its own for later cells
+IDENTITY = (*PER_CELL, "display", "get_ipython")
 MAX_CANCELLED = 1024  # ids of interrupted-before-they-ran requests remembered
 
 
@@ -286,6 +281,8 @@ class Engine:
             channel.reply({"ev": "done", "id": cid, **reply})
 
     def _run_op(self, channel: Channel, msg: dict[str, Any]) -> dict[str, Any]:
+        if msg["op"] in ("execute", "call") and self.identity:
+            self.namespace.update(self._identity_names(PER_CELL))
         if msg["op"] == "execute":
             return self._execute(channel, msg)
         if msg["op"] == "call":
@@ -408,16 +405,17 @@ class Engine:
             self.namespace.update(self._identity_names())
         return {"status": "ok", "info": self.info()}
 
-    def _identity_names(self) -> dict[str, Any]:
+    def _identity_names(self, names=IDENTITY) -> dict[str, Any]:
         import torch
 
-        return {
+        every = {
             **self.identity,
             "device": torch.device(self.device_info["torch"]),
             "mesh": rank_mesh.current(self),
             "display": display,
             "get_ipython": self.shell.get_ipython,
         }
+        return {k: every[k] for k in names}
 
     def reset_namespace(self) -> None:
         self.namespace.clear()
@@ -485,7 +483,8 @@ class EnginePlugin(WorkerPlugin):
         self.controller_group = controller_group
 
     def setup(self, worker) -> None:
-        session.leave_group(worker, self.controller_group)
+        if session.leave_group(worker, self.controller_group):  # writes to the kernel's stderr
+            worker_logs.quiet_ending(worker)
         engine = worker.extensions.get("monarch")
         if engine is None:
             os.environ.setdefault("MPLBACKEND", "Agg")

@@ -190,10 +190,12 @@ class MetricsHub:
                 for rs in self.store.sorted()
             }
 
-    def snapshot(self, points: int | None = None, samples: int | None = None) -> dict[str, Any]:
+    def snapshot(
+        self, points: int | None = None, samples: int | None = None, rows_since: float | None = None
+    ) -> dict[str, Any]:
         """``Store.snapshot`` of this store, read under the lock its batches are added with."""
         with self._lock:
-            return self.store.snapshot(points=points, samples=samples)
+            return self.store.snapshot(points=points, samples=samples, rows_since=rows_since)
 
     def samples(self, rank) -> list[telemetry.Sample]:
         with self._lock:

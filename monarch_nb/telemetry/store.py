@@ -127,27 +127,41 @@ class Store:
         return sorted(kept, key=lambda rs: (rs.rank is None, rs.rank or 0))
 
     def snapshot(
-        self, since: float | None = None, points: int | None = None, samples: int | None = None
+        self,
+        since: float | None = None,
+        points: int | None = None,
+        samples: int | None = None,
+        rows_since: float | None = None,
     ) -> dict[str, Any]:
         """JSON-serializable: every rank's latest values and rows (newer than ``since``; at
         most ``points`` scalar rows, evenly thinned, and the last ``samples`` samples).
-        Non-finite floats (a diverged loss) become None, as JSON has no NaN."""
+        Non-finite floats (a diverged loss) become None, as JSON has no NaN. ``rows_since``:
+        only the scalar rows logged from then on, and the latest values and step among them
+        (a cell's own, for its panel), the samples as they are."""
         ranks = []
         for rs in self.sorted():
-            rows = thin([r for r in rs.scalars if since is None or r[1] > since], points)
+            rows = [r for r in rs.scalars if since is None or r[1] > since]
+            if rows_since is not None:
+                rows = _from(rows, rows_since)
             kept = [x for x in rs.samples if since is None or x["time"] > since]
             if samples is not None:
                 kept = kept[-samples:] if samples > 0 else []
-            scalars = [[s, t, _finite(v)] for s, t, v in rows]
+            scalars = [[s, t, _finite(v)] for s, t, v in thin(rows, points)]
             samples_out = [_finite(x) for x in kept]
             entry = rs.latest()
+            if rows_since is not None:
+                values: dict[str, Any] = {}
+                for _, _, v in rows:
+                    values.update(v)
+                last = rows[-1] if rows else (None, None)
+                entry.update(step=last[0], time=last[1], values=values)
             entry.update(
                 values=_finite(entry["values"]),
                 sample=_finite(entry["sample"]) if entry["sample"] else None,
                 scalars=scalars,
                 samples=samples_out,
                 messages=rs.messages,
-                rows=rs.rows,
+                rows=rs.rows if rows_since is None else len(rows),
                 dropped=rs.dropped,
             )
             ranks.append(entry)
@@ -156,6 +170,14 @@ class Store:
             "limits": {"scalar_rows": self.scalar_rows, "sample_rows": self.sample_rows},
             "ranks": ranks,
         }
+
+
+def _from(rows: list, t: float) -> list:
+    """The rows logged at ``t`` or later: the newest ones, as a rank logs them in order."""
+    start = len(rows)
+    while start and rows[start - 1][1] >= t:
+        start -= 1
+    return rows[start:]
 
 
 def thin(rows: list, keep: int | None) -> list:

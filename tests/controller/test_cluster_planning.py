@@ -80,6 +80,10 @@ def test_cpu_workers_on_a_gpu_machine_hide_the_gpus(tmp_path):
     ("kwargs", "message"),
     [
         ({"workers": 3}, "asked for 3 workers but 2 GPUs are visible"),
+        (
+            {"workers": 4, "mesh": "dp=2,tp=2"},  # not --workers, which the user did not give
+            r"^--mesh dp=2,tp=2 asks for 4 workers but 2 GPUs are visible; give a mesh of 2",
+        ),
         ({"workers": 0}, "--workers must be at least 1"),
         ({"threads": 0}, "--threads must be at least 1"),
     ],

@@ -21,6 +21,8 @@ from monarch_nb.telemetry.figures import rank_view
         ("dp=2,dp=2", "mesh: dp is named twice"),
         ("dp=0", "mesh: dp=0: a size is at least 1"),
         ("dp=two", "mesh: dp='two': a size is a whole number"),
+        ("dp=²", "mesh: dp='²': a size is a whole number"),  # a digit to str.isdigit
+        ("dp=" + "9" * 5000, "mesh: dp has 5000 digits: no cluster is that large"),
         ("2d=2", "mesh: '2d' is not a dimension name"),
         ("dp", "mesh: 'dp' has no size"),
         ({"dp": 2.5}, "mesh: dp=2.5: a size is a whole number"),
@@ -61,6 +63,13 @@ def test_up_with_a_mesh_that_cannot_be_starts_nothing(cell, no_current):
         ("--workers 2 --mesh dp=3", "mesh dp=3 covers 3 ranks but the cluster has 2 ranks"),
         ("--mesh dp=2 --no-dist", "a device mesh is built over the torch.distributed"),
         ("--mesh dp=2,tp=0", "mesh: tp=0: a size is at least 1"),
+        ("--mesh dp=²", "mesh: dp='²': a size is a whole number, at least 1"),
+        (
+            "--mesh dp=99999999999999999999",
+            "up --mesh dp=99999999999999999999 (99999999999999999999 ranks) is more than this "
+            "machine can hold: ",
+        ),
+        ("--mesh dp=2 --mesh tp=2", "argument --mesh: given twice (dp=2 and tp=2); give the"),
     ]:
         cell(f"%monarch up --cpu {line}", expect_error=True)
         assert isinstance(cell.error, UsageError)
@@ -152,3 +161,29 @@ def test_labels_reach_status_the_metrics_and_the_panel(mesh4, cell):
         mesh4.run("monarch_nb.label(stage=[1])", targets=[0])
     assert e.value.errors[0].evalue == "label(): stage must be text or a number, got list"
     mesh4.run("monarch_nb.label(stage=None)")
+
+
+def test_the_predefined_names_are_set_again_before_every_cell(clean, mesh4):
+    """A cell's ``rank = 5`` or ``del mesh`` lasts that cell: the next cell, on every rank,
+    reads the rank's own again (it read 5 on every rank, for good). A name of the cell's own
+    (``display`` here) stays, as in IPython."""
+    ident = "rank, world_size, local_rank, host == socket.gethostname(), str(device), repr(mesh)"
+    changed = clean.run(
+        "import socket\nrank, world_size, local_rank, host, device = 5, 0, 7, 'x', None\n"
+        "del mesh\ndef display(*args):\n    return 'mine'\n"
+        "for host in ['a', 'b']:\n    pass\nrank, host"
+    )
+    assert changed.values() == [(5, "b")] * 2  # the cell's own bindings stand within it
+    assert clean.pull("rank").values() == [0, 1]  # a call reads them too
+    no_mesh = "<no device mesh: %monarch mesh dp=N,... builds one>"
+    assert clean.run(f"{ident}, display(1)").values() == [
+        (0, 2, 0, True, "cpu", no_mesh, "mine"),
+        (1, 2, 1, True, "cpu", no_mesh, "mine"),
+    ]
+    mesh4.run("mesh = rank = None")
+    assert mesh4.run("rank, tuple(mesh.get_coordinate())").values() == [
+        (0, (0, 0)),
+        (1, (0, 1)),
+        (2, (1, 0)),
+        (3, (1, 1)),
+    ]

@@ -4,6 +4,7 @@ went first, an up cut short by a real signal."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 import os
@@ -216,3 +217,51 @@ def test_down_does_not_show_the_nanny_killing_a_worker_slow_to_exit(no_current):
     finally:
         nanny.removeHandler(handler)
     assert [r.getMessage() for r in seen if r.levelno >= logging.WARNING] == []
+
+
+def _hold_heartbeats(ctl) -> list[str]:
+    """The in-kernel scheduler answers the workers' heartbeats only after 30 s, as one that
+    many workers keep busy on a loaded machine answers them late: each worker soon has one on
+    its way. Returns the workers whose heartbeat waits."""
+    scheduler = ctl.cluster.scheduler
+    answer = scheduler.handlers["heartbeat_worker"]
+    waiting: list[str] = []
+
+    async def late(**kwargs):
+        waiting.append(kwargs["address"])
+        await asyncio.sleep(30)
+        return answer(**kwargs)
+
+    scheduler.handlers["heartbeat_worker"] = late
+    return waiting
+
+
+def _dask_lines(err: str) -> list[str]:
+    return [ln for ln in err.splitlines() if "distributed." in ln or "Traceback" in ln]
+
+
+def test_down_shows_nothing_of_workers_closed_with_a_heartbeat_on_its_way(no_current, capfd):
+    """A closing worker closes its connections, and its heartbeat waiting on the scheduler
+    fails: Dask logged that with two tracebacks on the kernel's stderr (the workers' own)."""
+    ctl = monarch_nb.up(workers=2, cpu=True, dist=False)
+    waiting = _hold_heartbeats(ctl)
+    assert wait_for(lambda: len(set(waiting)) == 2, timeout=15)
+    capfd.readouterr()
+    ctl.down()  # returns once the nannies have joined their workers
+    assert _dask_lines(capfd.readouterr().err) == []
+
+
+def test_workers_show_nothing_when_their_scheduler_goes_first(no_current, capfd):
+    """The sidebar's "Shut down" with heartbeats on their way: each worker's fails before it
+    hears why; the controller says the scheduler is gone, in one line, and down is quiet."""
+    ctl = monarch_nb.up(workers=2, cpu=True, dist=False)
+    pids = ctl.run("import os\nos.getpid()").values()
+    waiting = _hold_heartbeats(ctl)
+    assert wait_for(lambda: len(set(waiting)) == 2, timeout=15)
+    capfd.readouterr()
+    ctl.cluster.sync(ctl.cluster.scheduler.close)
+    assert wait_for(lambda: ctl.client.status != "running", timeout=10)
+    time.sleep(0.5)  # what the workers print as they learn of it
+    ctl.down()
+    assert wait_for(lambda: not running(pids), timeout=10)
+    assert _dask_lines(capfd.readouterr().err) == []

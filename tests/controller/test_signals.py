@@ -91,6 +91,20 @@ def test_timeout_with_a_stopped_rank_names_it_and_keeps_the_other_ranks_result(s
     assert "not answering" not in cell.out and "idle" in row
 
 
+def test_status_answers_at_once_the_first_time_it_meets_a_stopped_rank(stopped, cell):
+    """A worker stopped on this machine is known as such from /proc: its rank gets the short
+    wait of one that did not answer before, not the 2 s a rank still thought to answer gets."""
+    pid = stopped.pids[1]
+    assert 1 not in stopped.unanswering  # nothing has asked it since it was stopped
+    start = time.monotonic()
+    cell("%monarch status")
+    took = time.monotonic() - start
+    assert took < 1.5, took  # 0.3 s; it was 2.0 s, the whole wait, the first time
+    row = next(line.split() for line in cell.out.splitlines() if line.startswith("1 "))
+    assert row[2] == str(pid) and "not answering" in " ".join(row), cell.out
+    assert "idle" in next(line for line in cell.out.splitlines() if line.startswith("0 "))
+
+
 def test_ctrl_c_with_a_stopped_rank_returns_within_about_two_seconds(stopped, cell):
     interrupt_after(1.0)
     start = time.monotonic()

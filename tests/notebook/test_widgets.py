@@ -84,6 +84,24 @@ def test_panel_state_changes_while_a_cell_runs(fresh):
     assert panel.widget.comm is None  # closed on freeze
 
 
+def test_the_panel_of_a_cell_that_logs_nothing_shows_no_earlier_losses(clean):
+    """It showed the losses and the step an earlier cell logged, as if this cell had."""
+    clean.run("from monarch_nb import log\nfor step in range(5):\n    log(step=step, loss=2.0)")
+    clean.metrics.catch_up()
+    assert all(e["values"].get("loss") == 2.0 for e in clean.metrics.snapshot()["ranks"])
+    panel = LivePanel(clean)
+    handle = clean.run("import time\ntime.sleep(0.5)\nrank", block=False)
+    panel.track(handle._req)
+    assert handle.result(timeout=30).values() == [0, 1]
+    final = panel.freeze()
+    assert panel.view["loss"] == []  # the chart's lines
+    assert panel_svg.NO_LOSS_IN_CELL in texts(final)
+    assert [(r["step"], r["loss"], r["state"]) for r in panel.view["ranks"]] == [
+        (None, None, "done")
+    ] * 2
+    assert "step 4" not in " ".join(texts(final))
+
+
 def test_error_state_is_shown(clean):
     panel = LivePanel(clean)
     try:
