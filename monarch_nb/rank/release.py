@@ -20,6 +20,7 @@ group's timeout (docs/faults.md).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import socket
 import sys
@@ -71,43 +72,61 @@ def forget() -> None:
 def cut() -> int:
     """Shut down the connections of this process's groups (see the module's docstring); how
     many. Safe from any thread: the sockets stay open (gloo's own), only their traffic ends."""
-    import psutil
-
     with _lock:
         listeners, stores = set(_listeners), set(_store_ports)
     if not listeners and not stores:
         return 0
     done = 0
-    for conn in psutil.Process().net_connections("tcp"):
-        if conn.status != psutil.CONN_ESTABLISHED or conn.fd < 0:
-            continue
-        local, remote = conn.laddr.port, conn.raddr.port if conn.raddr else None
-        if local in listeners or local in stores or remote in stores:
-            done += _shutdown(conn.fd)
+    for sock in _tcp_sockets():
+        with sock:
+            try:
+                local, remote = sock.getsockname()[1], sock.getpeername()[1]
+            except OSError:  # a listener, or not connected
+                continue
+            if local in listeners or local in stores or remote in stores:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                    done += 1
     return done
 
 
-def _shutdown(fd: int) -> int:
-    try:
-        sock = socket.socket(fileno=os.dup(fd))  # a duplicate: gloo's descriptor stays its own
-    except OSError:
-        return 0
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-        return 1
-    except OSError:
-        return 0
-    finally:
-        sock.close()
-
-
 def _listening() -> set[int]:
-    import psutil
+    """The ports this process listens on over TCP."""
+    ports = set()
+    for sock in _tcp_sockets():
+        with sock, contextlib.suppress(OSError):
+            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                ports.add(sock.getsockname()[1])
+    return ports
 
-    with contextlib.suppress(psutil.Error):
-        conns = psutil.Process().net_connections("tcp")
-        return {c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN}
-    return set()
+
+def _tcp_sockets():
+    """A duplicate of each TCP socket this process holds (closing it leaves the owner's open),
+    read from its own descriptors: the system's whole connection table is never read."""
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:  # not Linux: nothing is recorded, nothing cut
+        return
+    for name in fds:
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            dup = os.dup(int(name))
+        except (OSError, ValueError):  # closed meanwhile
+            continue
+        # a socket object made where socket.setdefaulttimeout() was called sets O_NONBLOCK on
+        # the file description, which the owner's descriptor shares: its flags are put back
+        flags = fcntl.fcntl(dup, fcntl.F_GETFL)
+        try:
+            sock = socket.socket(fileno=dup)
+        except OSError:
+            os.close(dup)
+            continue
+        fcntl.fcntl(dup, fcntl.F_SETFL, flags)
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and sock.type == socket.SOCK_STREAM:
+            yield sock
+        else:
+            sock.close()
 
 
 def collectives() -> int:
