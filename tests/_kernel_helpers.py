@@ -6,7 +6,7 @@ Imported by nothing in the main test process: ``test_monarch_triton.py`` runs th
 script in a subprocess with ``TRITON_INTERPRET=1``, because Triton reads that variable when
 kernels are decorated, once per process.
 
-    TRITON_INTERPRET=1 python tests/_kernel_helpers.py cuda forward
+    TRITON_INTERPRET=1 python tests/_kernel_helpers.py cuda forward,backward
 """
 
 from __future__ import annotations
@@ -207,5 +207,7 @@ def check_op() -> int:
 if __name__ == "__main__":
     if os.environ.get("TRITON_INTERPRET") != "1":
         sys.exit("run with TRITON_INTERPRET=1")
-    n = check_op() if sys.argv[2] == "op" else check(sys.argv[1], sys.argv[2])
-    print(f"{n} checks passed")
+    # one process for several directions: Triton's and torch's imports are paid once
+    for direction in sys.argv[2].split(","):
+        n = check_op() if direction == "op" else check(sys.argv[1], direction)
+        print(f"{direction}: {n} checks passed")

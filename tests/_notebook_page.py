@@ -217,7 +217,7 @@ class NotebookPage:
         )
         return self.page.locator(f'[data-test-cell="{index}"]')
 
-    def shut_down(self, settle: float = 3) -> None:
+    def shut_down(self, settle: float = 2) -> None:
         """Shut the kernel down from the page and close the notebook, as a person does once
         done, and wait ``settle`` seconds: what the page's widgets do as their kernel goes and
         their views are detached (a figure sending its new size, say) lands in ``watch``."""

@@ -14,6 +14,20 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.fixture(scope="module")
+def runtime(tmp_path_factory):
+    """A Jupyter runtime directory of the module's own (its kept clusters, its registry), for
+    this process and the kernels and hosts it starts (tests/server has one per test)."""
+    path = tmp_path_factory.mktemp("runtime")
+    saved = os.environ.get("JUPYTER_RUNTIME_DIR")
+    os.environ["JUPYTER_RUNTIME_DIR"] = str(path)
+    yield path
+    if saved is None:
+        del os.environ["JUPYTER_RUNTIME_DIR"]
+    else:
+        os.environ["JUPYTER_RUNTIME_DIR"] = saved
+
+
 @pytest.fixture(scope="session")
 def ctl():
     """One 2-rank cluster shared by the tests that leave it as they found it."""

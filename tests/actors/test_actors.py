@@ -634,41 +634,6 @@ def test_a_mesh_used_after_actors_close_or_its_cluster_down_says_so(own_cluster)
 
 
 # -- the notebook ----------------------------------------------------------------------------------
-def test_the_actors_notebook_shows_counters_ping_pong_training_and_failures():
-    from test_notebooks import NOTEBOOKS, executed, text_of  # shares its one execution
-
-    nb = executed(next(p for p in NOTEBOOKS if p.name == "04-actors.ipynb"))
-    out: dict[str, str] = {}
-    for c in nb.cells:
-        if c.cell_type != "code":
-            continue
-        assert c.execution_count is not None
-        failed = any(o["output_type"] == "error" for o in c.outputs)
-        assert failed == ("raises-exception" in c.metadata.get("tags", [])), c.source[:60]
-        out[c.source.splitlines()[0]] = text_of(c)
-    assert "ValueMesh({0: 105, 1: 105})" in out["class Counter(Actor):"]
-    assert "ValueMesh({0: 1105, 1: 1115})" in out["for _ in range(1000):"]
-    assert (
-        "'ping from gpus=0',\n 'pong from gpus=1'" in out["from monarch_nb.actors import context"]
-    )
-    first, last = (float(x) for x in out["import torch"].split("loss ")[-1].split(" -> "))
-    assert last < first / 10
-    assert "ZeroDivisionError: division by zero" in out["import os"]
-    assert "return 1 / x" in out["import os"]  # the cell's own source line, from the worker
-    assert (
-        "SupervisionError: actor mesh 'fragile' rank 1 is dead"
-        in out["pids = fragile.pid.call().get()"]
-    )
-    # Whichever says it first names the cause: the worker's own connection closing, or the
-    # scheduler removing the worker whose connection closed (a loaded machine orders them
-    # either way).
-    assert re.search(
-        r"fragile rank 1: (the worker process is gone|the scheduler removed the worker: its "
-        r"connection to the scheduler closed)",
-        out["for name, rank, cause in actors.dead_actors():"],
-    )
-
-
 def test_why_the_scheduler_removed_a_worker_is_said_in_words_not_as_dasks_event_id():
     from monarch_nb.actors.mesh import removed_because
 

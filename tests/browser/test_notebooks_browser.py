@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from _lab import ARTIFACTS, Lab, chromium, requires_chromium
+from _notebook_checks import CHECKS
 from _notebook_page import (
     CHART_BOX_JS,
     NotebookPage,
@@ -97,6 +98,8 @@ def test_notebook_runs_in_the_browser_and_shows_nothing_broken(lab, browser, pat
         problems += nbpage.watch.problems
         print(f"{path.name}: ran in {took:.1f} s")
         assert not problems, f"{path.name} in JupyterLab:\n" + "\n".join(problems)
+        if path.name in CHECKS:  # what it prints (tests/_notebook_checks.py)
+            CHECKS[path.name](cells)
         if picture is not None:
             IMAGES.mkdir(parents=True, exist_ok=True)
             (IMAGES / "notebook02-figure.png").write_bytes(picture)
@@ -184,7 +187,7 @@ TRAIN = """\
 %%monarch
 import math, time
 import monarch_nb
-for step in range(150):
+for step in range(110):
     monarch_nb.log(step=step, loss=2.0 * math.exp(-step / (20 + 20 * rank)))
     time.sleep(0.1)
 """

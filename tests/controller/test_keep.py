@@ -32,19 +32,6 @@ NAME = "kept-test"
 
 
 @pytest.fixture(scope="module")
-def runtime(tmp_path_factory):
-    """A Jupyter runtime directory of this module's own: its kept clusters and registry."""
-    path = tmp_path_factory.mktemp("runtime")
-    saved = os.environ.get("JUPYTER_RUNTIME_DIR")
-    os.environ["JUPYTER_RUNTIME_DIR"] = str(path)
-    yield path
-    if saved is None:
-        del os.environ["JUPYTER_RUNTIME_DIR"]
-    else:
-        os.environ["JUPYTER_RUNTIME_DIR"] = saved
-
-
-@pytest.fixture(scope="module")
 def held(runtime):
     """A kept 2-rank cluster with a dp=2 mesh; ``held["ctl"]`` is whichever controller holds it
     now (the tests hand it on)."""

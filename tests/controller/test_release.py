@@ -8,12 +8,10 @@ what they take here and far under the 30 s of the group's timeout.
 
 from __future__ import annotations
 
-import _thread
 import os
 import re
 import signal
 import textwrap
-import threading
 import time
 
 import pytest
@@ -169,16 +167,3 @@ def test_a_script_that_fails_on_one_rank_ends_the_others(cell, clean, tmp_path, 
         cell.error.headline,
     ), cell.error.headline
     assert cell("%%monarch\nrank").values() == [0, 1]  # the ranks are free for the next cell
-
-
-def test_the_stop_buttons_headline_names_only_the_ranks_it_stopped(cell, clean):
-    # rank 1 sleeps in C, where an interrupt lands only once the call returns
-    threading.Timer(1.0, _thread.interrupt_main).start()
-    cell(
-        "%%monarch\nimport time\nif rank == 1:\n    time.sleep(4)\nelse:\n    while True:\n"
-        "        pass",
-        expect_error=True,
-    )
-    assert cell.error.headline == "interrupted rank 0; rank 1 does not stop and still runs"
-    assert cell.error.errors[1].ename == "StillRunning"
-    assert cell("%%monarch\nrank").values() == [0, 1]  # once rank 1's sleep is over

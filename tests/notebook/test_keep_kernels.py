@@ -50,18 +50,6 @@ class Kernel(CellKernel):
 
 
 @pytest.fixture(scope="module")
-def runtime(tmp_path_factory):
-    path = tmp_path_factory.mktemp("runtime")
-    saved = os.environ.get("JUPYTER_RUNTIME_DIR")
-    os.environ["JUPYTER_RUNTIME_DIR"] = str(path)  # this process reads the kernels' kept files
-    yield path
-    if saved is None:
-        del os.environ["JUPYTER_RUNTIME_DIR"]
-    else:
-        os.environ["JUPYTER_RUNTIME_DIR"] = saved
-
-
-@pytest.fixture(scope="module")
 def shared(runtime):
     """The kernels of the module, by name, and the kept cluster's processes; whatever is left
     at the end is shut down."""

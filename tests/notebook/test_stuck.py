@@ -18,7 +18,7 @@ def test_a_quiet_cell_s_panel_names_the_collective_the_ranks_wait_in(clean, monk
         handle = clean.run(
             "import time, torch, torch.distributed as dist\n"
             "if rank == 1:\n"
-            "    time.sleep(10)\n"
+            "    time.sleep(4)\n"
             "dist.all_reduce(torch.ones(1))\n",
             block=False,
         )

@@ -1,0 +1,92 @@
+"""What a notebook's cells must print, checked on the run that the browser test makes of it in a
+real JupyterLab (tests/browser/test_notebooks_browser.py): one execution per notebook, its
+outputs read from the page's model (nbformat's shape). ``CHECKS`` names a checker per notebook
+whose printed text matters; each asserts."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def text_of(cell: dict) -> str:
+    """What a cell printed and returned, as a reader sees it (no colour codes)."""
+    parts = []
+    for out in cell["outputs"]:
+        if out["output_type"] == "stream":
+            text = out["text"]
+            parts.append(text if isinstance(text, str) else "".join(text))
+        elif out["output_type"] == "error":
+            parts.append("\n".join(out["traceback"]))
+        elif "data" in out:
+            plain = out["data"].get("text/plain", "")
+            parts.append(plain if isinstance(plain, str) else "".join(plain))
+    return ANSI.sub("", "".join(parts))
+
+
+def by_first_line(cells: list[dict]) -> dict[str, str]:
+    """The text of each code cell by its first line (the first cell of a given first line)."""
+    out: dict[str, str] = {}
+    for cell in cells:
+        if cell["type"] == "code" and cell["source"]:
+            out.setdefault(cell["source"].splitlines()[0], text_of(cell))
+    return out
+
+
+def quickstart(cells: list[dict]) -> None:
+    by_source = by_first_line(cells)
+    every = by_source["%%monarch"]
+    assert "[rank 0] rank 0 of 2" in every and "[ranks 0-1] every rank prints this line" in every
+    assert "1 of 2 ranks failed" in by_source["%%monarch --out partial"]
+    assert "ZeroDivisionError" in by_source["%%monarch --out partial"]
+    assert "ran past --timeout 2 s" in by_source["%%monarch --timeout 2"]
+    shell = next(text_of(c) for c in cells if "!echo" in c["source"])
+    assert "[rank 1] rank 1 runs in notebooks" in shell and "Wall time:" in shell
+    assert "ValueMesh({0: 'Linux', 1: 'Linux'})" in shell
+    background = by_source["%%monarch --noblock --out job"]
+    assert "[ranks 0-1] step 2" in background  # arrives in the cell that started it
+    assert "ValueMesh({0: 0, 1: 100})" in by_source["job.result(timeout=60)"]
+    debugged = by_source["%%monarch debug"]  # the post-mortem, unattended
+    assert "(Pdb rank 1) p scaled" in debugged and "[rank 1] 20" in debugged
+    assert (
+        "<- the cell" in by_source["sleeper.wait(1)  # give the ranks a second to start sleeping"]
+    )
+    # a kept cluster let go of and attached again: the ranks' state is there
+    assert "kept as quickstart" in by_source["%monarch up --keep 10m --name quickstart"]
+    assert "detached from quickstart" in by_source["%monarch detach"]
+    assert "attached to quickstart: 2 ranks" in by_source["%monarch attach quickstart"]
+    summed = next(text_of(c) for c in cells if "weights.sum()" in c["source"])
+    assert "ValueMesh({0: 0.0, 1: 3.0})" in summed
+
+
+def actors(cells: list[dict]) -> None:
+    out = by_first_line(cells)
+    assert "ValueMesh({0: 105, 1: 105})" in out["class Counter(Actor):"]
+    assert "ValueMesh({0: 1105, 1: 1115})" in out["for _ in range(1000):"]
+    assert (
+        "'ping from gpus=0',\n 'pong from gpus=1'" in out["from monarch_nb.actors import context"]
+    )
+    first, last = (float(x) for x in out["import torch"].split("loss ")[-1].split(" -> "))
+    assert last < first / 10
+    assert "ZeroDivisionError: division by zero" in out["import os"]
+    assert "return 1 / x" in out["import os"]  # the cell's own source line, from the worker
+    assert (
+        "SupervisionError: actor mesh 'fragile' rank 1 is dead"
+        in out["pids = fragile.pid.call().get()"]
+    )
+    # Whichever says it first names the cause: the worker's own connection closing, or the
+    # scheduler removing the worker whose connection closed (a loaded machine orders them
+    # either way).
+    assert re.search(
+        r"fragile rank 1: (the worker process is gone|the scheduler removed the worker: its "
+        r"connection to the scheduler closed)",
+        out["for name, rank, cause in actors.dead_actors():"],
+    )
+
+
+CHECKS: dict[str, Callable[[list[dict]], None]] = {
+    "01-quickstart.ipynb": quickstart,
+    "04-actors.ipynb": actors,
+}
