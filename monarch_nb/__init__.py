@@ -47,7 +47,7 @@ _EXPORTS = {
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 # Modules used by their name (``monarch_nb.checkpoint.save(...)``), imported when first used too.
-_MODULES = {"checkpoint": "monarch_nb.rank.checkpoint"}
+_MODULES = {"checkpoint": "monarch_nb.rank.checkpoint", "ft": "monarch_nb.rank.ft"}
 
 
 def _widget_relay(send):
@@ -88,7 +88,7 @@ if TYPE_CHECKING:
     from monarch_nb.dispatch.targets import TargetError, parse_targets
     from monarch_nb.errors import ClusterError, current
     from monarch_nb.notebook.bokeh_display import show
-    from monarch_nb.rank import checkpoint
+    from monarch_nb.rank import checkpoint, ft
     from monarch_nb.rank.labels import label
     from monarch_nb.telemetry.metrics import history
     from monarch_nb.telemetry.recorder import log
@@ -134,6 +134,7 @@ __all__ = [
     "current_rank",
     "current_size",
     "endpoint",
+    "ft",
     "history",
     "label",
     "load_ipython_extension",

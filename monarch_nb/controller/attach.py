@@ -11,6 +11,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from monarch_nb.controller import setup_cells
 from monarch_nb.controller import sync as code_sync
 from monarch_nb.dispatch import dispatch, gathering, relaying
 from monarch_nb.dispatch.links import Link, RankInfo, Request
@@ -121,6 +122,7 @@ def open_links(ctl: Controller, infos: list[RankInfo]) -> None:
                 "world_size": len(ctl.ranks),
                 "local_rank": link.info.local_rank,
                 "widgets": ctl.comms.shows_widgets(),
+                "env": ctl.rank_env,
             }
         )
     outcomes = wait_for_setup(
@@ -208,15 +210,26 @@ def replace(
                 except Exception as e:
                     ctl._notice(f"rank {rank}: its replacement could not attach: {e}")
                     return False
-            ctl._notice(
-                f"rank {rank}: a replacement worker took its place with an "
-                "empty namespace (what the old one held is lost)"
-            )
-            if regroup:
+            healing = rank in ctl.healing_ranks  # a fault-tolerant cell takes it back (healing.py)
+            if healing:
+                ctl._notice(
+                    f"rank {rank}: a replacement worker took its place and rejoined the cell"
+                )
+            else:
+                ctl._notice(
+                    f"rank {rank}: a replacement worker took its place with an "
+                    "empty namespace (what the old one held is lost)"
+                )
+            if regroup and ctl.ft is not None and ctl._router.busy():
+                ctl.regroup_pending = True  # the others train on: formed before the next cell
+            elif regroup:
                 ctl._form_group()
                 if ctl.dist_backend:
                     ctl._notice(f"the {ctl.dist_backend} process group was formed again")
             code_sync.resend(ctl, [rank])
+            ctl.rejoined[rank] = info
+            if not healing:
+                setup_cells.replay_or_say(ctl, [rank])
             return True
         time.sleep(0.25)
     return False

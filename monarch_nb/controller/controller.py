@@ -29,7 +29,18 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from monarch_nb import errors, registry
-from monarch_nb.controller import attach, data, keep, lifecycle, scale, stacks, status
+from monarch_nb.controller import (
+    attach,
+    data,
+    healing,
+    keep,
+    lifecycle,
+    lighthouse,
+    scale,
+    setup_cells,
+    stacks,
+    status,
+)
 from monarch_nb.controller import (
     mesh as device_mesh,
 )
@@ -68,6 +79,7 @@ class Controller:
         backend: str | None = None,
         mesh: device_mesh.Shape | None = None,
         kept: dict[str, Any] | None = None,
+        ft: lighthouse.Lighthouse | None = None,
     ):
         self.client = client
         # Kept: the client forgets its scheduler once it closes, and messages still name it.
@@ -92,6 +104,15 @@ class Controller:
         self.debugging: int | None = None  # the rank a debugger is open on (dispatch/prompting.py)
         self.reloading = False  # %monarch autoreload: every cell asks its ranks to reload
         self.synced: dict[str, str] = {}  # name -> path %monarch sync sent, for new workers
+        self.setup_cells: list[dict[str, str]] = []  # %%monarch --setup cells (setup_cells.py)
+        # --ft: torchft's Lighthouse (lighthouse.py), where every rank finds it, what the ranks
+        # last said of their quorum, and what happened (ft.history(); healing.py)
+        self.ft = ft
+        self.rank_env: dict[str, str] = {} if ft is None else {"TORCHFT_LIGHTHOUSE": ft.address}
+        self.ft_quorum: dict[str, Any] = {}
+        self.ft_events: list[dict[str, Any]] = []
+        self.healing_ranks: set[int] = set()  # lost ranks a fault-tolerant cell takes back
+        self.rejoined: dict[int, RankInfo] = {}  # rank -> its replacement, once attached
         self._cells = itertools.count(1)
         self._notices: list[str] = []
         self._said: set[str] = set()  # notices given once per controller
@@ -221,12 +242,15 @@ class Controller:
         collapse: bool = True,
         quiet: bool = False,
         watch=None,
+        setup: bool = False,
     ):
         """Run ``code`` on every targeted rank (Python, with IPython's ``!cmd`` and the magics
         rank/shell.py lists); returns a ValueMesh of each rank's last expression
         (``block=False``: a CellHandle at once). ``code`` may be a cell already parsed
         (``syntax.parse``: the magic's), which is sent as it is. ``watch(request)`` is called
-        once the cell is sent (the magic puts a live panel on it)."""
+        once the cell is sent (the magic puts a live panel on it). ``setup``: a cell that
+        defines what training needs (imports, the model, the data), run again on every rank
+        that joins later, once it has run on every rank without an error."""
         dispatch.check_timeout(timeout)
         self._check_open()
         self.announce()
@@ -242,9 +266,14 @@ class Controller:
             msg["autoreload"] = True
         if cell.python is not cell.source:
             msg["source"] = cell.source
+        if setup and len(ranks) != self.world_size:
+            raise ValueError("--setup cells run on every rank (they run again on ranks that join)")
+        prepare = self._fault_tolerant(msg)
         if not block:
             with gathering.sigint_sets() as stop:  # a Ctrl-C waits until every rank has it
-                req = dispatch.submit(self, "execute", ranks, msg, release=self._release())
+                req = dispatch.submit(
+                    self, "execute", ranks, msg, release=self._release(), prepare=prepare
+                )
                 sink = live_sink(f"[{format_ranks(ranks)}] running in the background")
                 renderer = Renderer(ranks, sink=sink, collapse=collapse, stream=stream)
                 handle = CellHandle(self, req, renderer, timeout)
@@ -260,12 +289,29 @@ class Controller:
         # Both before the send: the first reply may come at once, and a Ctrl-C is held until
         # every rank has the cell (gathering.sigint_sets).
         with self._reader.borrow(), gathering.sigint_sets() as stop:
-            req = dispatch.submit(self, "execute", ranks, msg, release=self._release())
+            req = dispatch.submit(
+                self, "execute", ranks, msg, release=self._release(), prepare=prepare
+            )
             renderer = Renderer(ranks, collapse=collapse, stream=stream)
             if watch is not None:
                 watch(req)
             outcomes, stopped = dispatch.collect(self, req, renderer, timeout, stop)
-        return dispatch.settle(self, req, outcomes, stopped, timeout)
+        result = dispatch.settle(self, req, outcomes, stopped, timeout)
+        if setup:
+            setup_cells.remember(self, msg)
+        return result
+
+    def _fault_tolerant(self, msg: dict[str, Any]):
+        """On a cluster started with ``--ft``: what makes a cell's request go on without a lost
+        rank and take its replacement back (healing.py)."""
+        if self.ft is None:
+            return None
+        return lambda req: healing.Healing(self, req, msg)
+
+    def kill(self, rank: int) -> None:
+        """SIGKILL ``rank``'s worker process, as a GPU falling off the bus would end it: for
+        teaching and testing fault tolerance. Its nanny starts a replacement."""
+        lifecycle.kill(self, rank)
 
     def _release(self) -> str | None:
         """What a cell's first failure cuts to release its other ranks (dispatch/releasing.py):

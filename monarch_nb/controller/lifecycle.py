@@ -10,7 +10,7 @@ from monarch_nb import registry
 from monarch_nb.controller import attach
 from monarch_nb.controller import cluster as clusters
 from monarch_nb.dispatch.results import Interrupted
-from monarch_nb.errors import current, set_current
+from monarch_nb.errors import ClusterError, current, set_current
 
 if TYPE_CHECKING:
     from monarch_nb.controller.controller import Controller
@@ -60,6 +60,7 @@ def down(ctl: Controller) -> None:
             and ctl.cluster is not None
             and clusters.close_cluster(ctl.cluster, gone)
         ),
+        lambda: ctl.ft is not None and ctl.ft.close(),
     ):
         try:
             step()
@@ -74,6 +75,26 @@ def down(ctl: Controller) -> None:
     if interrupted:
         done = "the cluster was shut down" if ctl.owns_cluster else "disconnected"
         raise Interrupted(f"%monarch down was interrupted; {done} all the same")
+
+
+def kill(ctl: Controller, rank: int) -> None:
+    ctl._check_open()
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < ctl.world_size:
+        raise ClusterError(
+            f"no rank {rank!r} to kill: this cluster's ranks are 0 to {ctl.world_size - 1}"
+        )
+    info = ctl.ranks[rank]
+    if not info.alive:
+        raise ClusterError(f"rank {rank} has no worker now (it was lost and waits for one)")
+    # Through the worker's own event loop: the worker may be on another host. No reply comes.
+    ctl.client.run(_sigkill_self, workers=[info.address], wait=False)
+
+
+async def _sigkill_self() -> None:  # a coroutine: the worker runs it without a reply
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def closing(ctl: Controller, why: str | None) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from monarch_nb import registry
-from monarch_nb.controller import attach, capacity, joining, queue_limits, relaunch
+from monarch_nb.controller import attach, capacity, joining, queue_limits, relaunch, setup_cells
 from monarch_nb.controller import cluster as clusters
 from monarch_nb.controller import mesh as device_mesh
 from monarch_nb.controller import sync as code_sync
@@ -112,6 +112,7 @@ def scale(ctl: Controller, n: int, wait: float | None = None) -> Scaled:
     ctl._form_group()
     if joined:
         code_sync.resend(ctl, joined)  # what %monarch sync sent the ranks before them
+        setup_cells.replay_or_say(ctl, joined)  # then the --setup cells, in their order
     registry.register(ctl)  # the sidebar's count of ranks
     built = device_mesh.text(shape) if shape and not ctl.mesh_error else None
     return Scaled(

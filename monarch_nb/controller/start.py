@@ -25,6 +25,7 @@ from monarch_nb.controller import (
     forkserver,
     hosting,
     joining,
+    lighthouse,
     script_guard,
 )
 from monarch_nb.controller import cluster as clusters
@@ -81,6 +82,7 @@ def up(
     mesh=None,
     keep=None,
     name: str | None = None,
+    ft: bool = False,
 ) -> Controller:
     """Start a local cluster, one worker per visible GPU (or 2 CPU workers), and control it.
 
@@ -93,12 +95,21 @@ def up(
     ``keep`` (True, or an idle limit: ``"30m"``, ``"2h"``, seconds): a kept cluster, run by a
     process of its own, which outlives this kernel (``ctl.detach()``, then ``attach(name)``
     from any kernel of yours) until no kernel has held it for the idle limit (2 h for True).
+    ``ft``: fault-tolerant training through torchft (``monarch_nb.ft``): its Lighthouse starts
+    with the cluster, and a cell training with ``ft.steps`` goes on through a lost rank.
     """
     script_guard.check_caller()  # before any process starts: spawned workers rerun a script
     shape = device_mesh.parse(mesh)
     idle = hosting.idle_limit(keep)
     if idle is None and name is not None:
         raise ValueError("--name names a kept cluster: add --keep (keep=True)")
+    if ft and idle is not None:
+        raise ValueError(
+            "--ft and --keep together are not supported yet: the Lighthouse would end with this "
+            "kernel; use one of them"
+        )
+    if ft:
+        lighthouse.check_installed()
     asked = device_mesh.text(shape) if shape and workers is None else None  # the mesh's count
     if shape is not None:
         workers = _mesh_workers(shape, workers, dist)
@@ -116,7 +127,9 @@ def up(
         security = certificates.temporary_security() if tls else None
         # Started first: the forkserver's imports run while this process imports the rest.
         cluster = _start_local(plans, threads, security)
+        beacon = None
         try:
+            beacon = lighthouse.Lighthouse() if ft else None
             from distributed import Client
 
             from monarch_nb.controller.controller import Controller
@@ -130,14 +143,13 @@ def up(
                 dist=dist,
                 backend=backend,
                 mesh=shape,
+                ft=beacon,
             )
         except KeyboardInterrupt:
-            cluster.close()
-            clusters.release_forkserver()
+            _stop(cluster, beacon)
             raise Interrupted(_UP_INTERRUPTED) from None
         except BaseException:
-            cluster.close()
-            clusters.release_forkserver()
+            _stop(cluster, beacon)
             raise
         if current:
             set_current(ctl)
@@ -145,6 +157,13 @@ def up(
 
 
 _UP_INTERRUPTED = "%monarch up interrupted; its workers were stopped"
+
+
+def _stop(cluster, beacon) -> None:
+    cluster.close()
+    clusters.release_forkserver()
+    if beacon is not None:
+        beacon.close()
 
 
 def _up_kept(plans, threads, tls, idle, name, dist, backend, shape) -> Controller:
@@ -343,6 +362,7 @@ def connect(
     tls_cert: str | None = None,
     tls_key: str | None = None,
     mesh=None,
+    ft: bool = False,
 ) -> Controller:
     """Join a running scheduler (address or scheduler file) or any ``distributed`` cluster object
     (dask-jobqueue, dask-kubernetes, LocalCluster...); ``cluster`` may be ``"module:factory"``.
@@ -355,8 +375,11 @@ def connect(
     (by default those of the cluster object, else one) to join, as jobs wait in a batch queue.
     A cluster made by ``"module:factory"`` belongs to the controller: ``down()`` closes it.
     ``mesh``: as ``up``'s; its size must be the number of workers that join.
+    ``ft``: as ``up``'s; the Lighthouse runs beside this kernel, which the ranks must reach.
     """
     shape = device_mesh.parse(mesh)
+    if ft:
+        lighthouse.check_installed()
     if shape is not None and workers is not None:
         _mesh_workers(shape, workers, dist)
     with _only_one(current):
@@ -385,8 +408,10 @@ def connect(
             expected = workers
             if expected is None and cluster is not None and getattr(cluster, "worker_spec", None):
                 expected = len(cluster.worker_spec)
+            beacon = None
             try:
                 joining.wait_for_workers(client, expected or 1, wait, cluster)
+                beacon = lighthouse.Lighthouse() if ft else None
                 ctl = Controller(
                     client,
                     cluster=cluster,
@@ -395,9 +420,12 @@ def connect(
                     dist=dist,
                     backend=backend,
                     mesh=shape,
+                    ft=beacon,
                 )
             except BaseException:
                 client.close()
+                if beacon is not None:
+                    beacon.close()
                 raise
         if current:
             set_current(ctl)

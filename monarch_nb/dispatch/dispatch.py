@@ -60,14 +60,18 @@ def submit(
     msg: dict[str, Any] | None = None,
     per_rank: Mapping[int, dict[str, Any]] | None = None,
     release: str | None = None,
+    prepare=None,
 ) -> Request:
     """Send a request to ``ranks``. ``release``: the first rank to fail releases the others
-    (releasing.py), their second step ending this ("group", "children")."""
+    (releasing.py), their second step ending this ("group", "children"). ``prepare(req)`` is
+    called before anything is sent (a fault-tolerant cell's hooks, controller/healing.py)."""
     req = Request(kind, ranks)
     req.send = lambda rank, msg: _link(ctl, req, rank) and ctl._links[rank].send(msg)
     req.reader = ctl._reader
     if release is not None and len(ranks) > 1:
         req.on_failure = Release(ctl, req, release, send_interrupt)
+    if prepare is not None:
+        prepare(req)
     ctl._router.add(req)
     body = {**(msg or {}), "id": req.id}
     # the same bytes for every rank: pickled once, not once per rank

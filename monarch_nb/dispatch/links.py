@@ -73,6 +73,10 @@ class Request:
         # called with (rank, event) at the first rank that fails while others still run
         # (releasing.py's Release: it stops them)
         self.on_failure = None
+        # A fault-tolerant cell's (controller/healing.py): called with (rank, why) when a rank's
+        # worker dies, True where the request goes on without it; and with each "ft" event.
+        self.on_lost = None
+        self.on_ft = None
 
 
 class Router:
@@ -100,6 +104,12 @@ class Router:
             return
         if kind == "display" and self.comms is not None:
             self.comms.displayed(ev)  # a rank's widget: its output gets a display id
+        if kind == "ft":  # a rank's committed step in a fault-tolerant cell (rank/ft.py)
+            with self._lock:
+                req = self._requests.get(ev["id"])
+            if req is not None and req.on_ft is not None:
+                req.on_ft(rank, ev)
+            return
         if kind == "done":
             if self.comms is not None and self.comms.holding:
                 self.comms.flush()  # the rank's widgets show their last state before its end
@@ -112,7 +122,8 @@ class Router:
                 remaining.discard(rank)
                 if not remaining:
                     del self._requests[req.id]
-            if remaining and req.on_failure is not None and failed(ev):
+            release = req.on_failure is not None and not ev.get("no_release")
+            if remaining and release and failed(ev):
                 req.on_failure(rank, ev)  # the others are still running: release them
         else:
             with self._lock:
@@ -127,6 +138,8 @@ class Router:
         with self._lock:
             waiting = [r for r in self._requests.values() if rank in r.remaining]
         for req in waiting:
+            if req.on_lost is not None and req.on_lost(rank, why):
+                continue  # a fault-tolerant cell goes on, and takes the rank back
             self.deliver(rank, {"ev": "done", "id": req.id, "status": "lost", "why": why})
         if self.comms is not None:
             self.comms.lost(rank)

@@ -43,6 +43,7 @@ _COMMANDS = {
     "down": magic_cluster.down,
     "restart": magic_cluster.restart,
     "scale": magic_cluster.scale,
+    "kill": magic_cluster.kill,
     "mesh": magic_cluster.mesh,
     "reset": magic_cluster.reset,
     "interrupt": magic_cluster.interrupt,
@@ -204,8 +205,9 @@ class MonarchMagics(Magics):
                 stream=args.stream is not False,
                 collapse=args.collapse is not False,
                 watch=watch,
+                setup=args.setup,
             )
-        except (TargetError, ClusterError) as e:
+        except (TargetError, ClusterError, ValueError) as e:
             raise UsageError(str(e)) from None
         except CellError as e:
             if args.out:

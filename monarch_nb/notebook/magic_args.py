@@ -68,6 +68,7 @@ def line_parser() -> Parser:
     p.add_argument("--name", default=None, help="a kept cluster's name (default: the notebook's)")
     _dist(p)
     _mesh(p)
+    _ft(p)
     p = sub.add_parser("attach", help="attach to a kept cluster (up --keep); lists them")
     p.add_argument("name", nargs="?", default=None, metavar="NAME")
     p.add_argument(
@@ -106,6 +107,7 @@ def line_parser() -> Parser:
     p.add_argument("--tls-key", metavar="PEM", help="this client's private key")
     _dist(p)
     _mesh(p)
+    _ft(p)
     p = sub.add_parser("scale", help="grow or shrink to N ranks; the process group forms again")
     p.add_argument("n", type=int, metavar="N", help="the number of ranks (at least 1)")
     p.add_argument(
@@ -115,6 +117,8 @@ def line_parser() -> Parser:
         metavar="S",
         help="seconds for new workers to join (default: 60 locally, else 600)",
     )
+    p = sub.add_parser("kill", help="SIGKILL a rank's worker (to see fault tolerance at work)")
+    p.add_argument("rank", type=int, metavar="RANK")
     p = sub.add_parser("mesh", help="a device mesh on every rank (dp=2,tp=2), or show it")
     p.add_argument(
         "shape",
@@ -239,6 +243,12 @@ def cell_parser() -> Parser:
         action="store_true",
         help="also run the cell here, in the notebook, once every rank has run it",
     )
+    parser.add_argument(
+        "--setup",
+        action="store_true",
+        help="imports and definitions: run again on every rank that joins later (a lost "
+        "rank's replacement, %%monarch scale)",
+    )
     return parser
 
 
@@ -288,6 +298,15 @@ def _mesh(parser) -> None:
         default=None,
         metavar="SHAPE",
         help="a torch DeviceMesh named mesh on every rank: NAME=SIZE,... e.g. dp=2,tp=2",
+    )
+
+
+def _ft(parser) -> None:
+    parser.add_argument(
+        "--ft",
+        action="store_true",
+        help="fault-tolerant training (torchft): a cell's ft.steps loop goes on through a lost "
+        "rank, whose replacement heals from a live peer",
     )
 
 

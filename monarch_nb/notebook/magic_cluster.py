@@ -90,6 +90,39 @@ def _print_ranks(ctl, verb: str) -> None:
     elif ctl.dist_error:
         print(f"torch.distributed: {ctl.dist_error}", file=sys.stderr)
     _say_mesh(ctl)
+    if ctl.ft is not None:
+        print(
+            f"torchft: Lighthouse at {ctl.ft.address}; in a cell, ft.wrap(model, opt) and "
+            "ft.steps(n) train on through a lost rank"
+        )
+
+
+def _say_quorum(ctl) -> None:
+    """``%monarch status``'s line on torchft: the Lighthouse, and the last quorum the ranks
+    reported (who is in it, its id, the step)."""
+    if ctl.ft is None:
+        return
+    if not ctl.ft.alive:
+        print(
+            f"torchft: the Lighthouse (pid {ctl.ft.pid}) is gone; fault-tolerant cells cannot "
+            "form a quorum: %monarch down, then %monarch up --ft",
+            file=sys.stderr,
+        )
+        return
+    q = ctl.ft_quorum
+    if not q:
+        print(f"torchft: Lighthouse at {ctl.ft.address}; no quorum yet (no ft.steps loop ran)")
+        return
+    print(
+        f"torchft: quorum {q['quorum']} of {format_ranks(q['ranks'])} "
+        f"({q['participants']} participants) at step {q['step']}; Lighthouse at {ctl.ft.address}"
+    )
+
+
+def kill(magics, args):
+    ctl = controller()
+    guard(lambda: ctl.kill(args.rank))
+    print(f"monarch-nb: rank {args.rank}'s worker was sent SIGKILL")
 
 
 def _mesh_column(ctl, rows: list[dict[str, Any]]) -> list[str]:
@@ -120,6 +153,7 @@ def up(magics, args):
             mesh=args.mesh,
             keep=args.keep,
             name=args.name,
+            ft=args.ft,
         )
     )
     _print_ranks(ctl, "started")
@@ -147,6 +181,7 @@ def connect(magics, args):
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             mesh=args.mesh,
+            ft=args.ft,
         )
     )
     _print_ranks(ctl, "connected to")
@@ -179,6 +214,7 @@ def status(magics, args):
     if any(r["labels"] != "-" for r in rows):
         columns.append("labels")
     print(_table(rows, columns, every=args.ranks))
+    _say_quorum(ctl)
     dead = actors.dead_actors(ctl)
     if dead:
         print("dead actors:")

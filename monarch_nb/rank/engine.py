@@ -397,6 +397,7 @@ class Engine:
         identity = {k: msg[k] for k in ("rank", "world_size", "local_rank")}
         identity["host"] = self.host
         self.identity = identity
+        os.environ.update(msg.get("env") or {})  # the cluster's (--ft: where the Lighthouse is)
         rank_comms.widgets_shown(msg.get("widgets", False))
         self.device_info = _device_info(identity["local_rank"])
         if not self.namespace:

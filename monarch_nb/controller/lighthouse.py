@@ -1,0 +1,105 @@
+"""torchft's Lighthouse for a cluster started with ``--ft``: the quorum server every rank's
+Manager asks, each step, who takes part (torchft's own, from its package: no quorum protocol
+of ours).
+
+It runs as a child of the kernel (``python -c BOOT``), not as a thread of it: a kernel's Ctrl-C
+or a hung cell never stops it, it can be watched and stopped as a process, and it ends with the
+kernel (it exits when its stdin, a pipe from the kernel, closes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+
+# Seconds without a heartbeat after which the Lighthouse counts a rank's Manager gone, and the
+# survivors' next quorum forms without it (torchft's default is 5 s: the survivors' wait).
+HEARTBEAT_TIMEOUT_MS = 1000
+# How long a quorum waits for every rank that heartbeats to ask for it (a replacement asks
+# a moment after its Manager starts heartbeating).
+JOIN_TIMEOUT_MS = 5000
+START_TIMEOUT = 20.0
+
+BOOT = """
+import sys, time
+from torchft._torchft import LighthouseServer
+server = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms={join},
+                          heartbeat_timeout_ms={heartbeat})
+print(server.address(), flush=True)
+sys.stdin.read()  # until the kernel goes, or closes the pipe
+server.shutdown()
+"""
+
+INSTALL = "pip install torchft (make lab and make test install it)"
+
+
+def check_installed() -> None:
+    """One line where torchft cannot be imported, before anything starts."""
+    try:
+        import torchft._torchft  # noqa: F401
+    except ImportError as e:
+        from monarch_nb.errors import ClusterError
+
+        raise ClusterError(
+            f"--ft needs torchft, which cannot be imported here ({e}): {INSTALL}"
+        ) from None
+
+
+class Lighthouse:
+    """The Lighthouse process and its address (``http://host:port``)."""
+
+    def __init__(self):
+        check_installed()
+        code = BOOT.format(join=JOIN_TIMEOUT_MS, heartbeat=HEARTBEAT_TIMEOUT_MS)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=_quiet_env(),
+            start_new_session=True,  # the stop button's SIGINT is the kernel's, not its
+        )
+        self.address = self._read_address()
+
+    def _read_address(self) -> str:
+        deadline = time.monotonic() + START_TIMEOUT
+        line = b""
+        while time.monotonic() < deadline and not line:
+            line = self.proc.stdout.readline()
+            if self.proc.poll() is not None:
+                break
+        address = line.decode().strip()
+        if not address.startswith("http"):
+            self.close()
+            from monarch_nb.errors import ClusterError
+
+            raise ClusterError(
+                "torchft's Lighthouse did not start (its process exited or printed no address "
+                f"within {START_TIMEOUT:.0f} s)"
+            )
+        return address
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _quiet_env() -> dict[str, str]:
+    import os
+
+    return {**os.environ, "RUST_LOG": "warn"}

@@ -1,0 +1,366 @@
+"""Fault-tolerant training on the ranks, through torchft: ``from monarch_nb import ft``.
+
+On a cluster started with ``--ft`` (``up(ft=True)``) every rank knows where torchft's Lighthouse
+is. In a ``%%monarch`` cell::
+
+    model, opt = ft.wrap(model, opt)      # one replica group per rank
+    for step in ft.steps(200):            # the committed steps
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()                        # applied only where the quorum commits the step
+
+A rank that dies does not fail the cell: the others go on with fewer participants, and its
+replacement, once the notebook has run the ``--setup`` cells and this cell on it, heals from a
+live peer (model, optimizer, step) at its first quorum and finishes the loop with them
+(dispatch/healing.py). Each rank tells the notebook its committed steps and quorum as it goes.
+
+In the notebook, ``ft.history()`` is what happened: every loss, join, heal and return.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import time
+import warnings
+from datetime import timedelta
+from typing import Any
+
+from monarch_nb.errors import ClusterError, current
+from monarch_nb.rank.capture import current_capture
+
+LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"  # set on every rank of a cluster started with --ft
+NOT_FT = (
+    "this cluster was started without --ft, so torchft has no Lighthouse here: %monarch down, "
+    "then %monarch up --ft (or up(ft=True))"
+)
+REPORT_EVERY = 0.1  # seconds between two reports of an unchanged quorum to the notebook
+
+_state: _Wrapped | None = None  # this rank's wrapped model, optimizer and Manager
+
+
+class _Wrapped:
+    def __init__(self, manager, model, optimizer):
+        self.manager, self.model, self.optimizer = manager, model, optimizer
+        self.quorum_started = False  # ft.steps started this step's quorum (not zero_grad)
+        self.stepped = 0  # the optimizer's step() calls: a loop that never calls it stops
+
+
+def wrap(model, optimizer, *, min_replicas: int = 1, timeout: float = 10.0, **manager_options):
+    """The model as torchft's DistributedDataParallel and the optimizer as its Optimizer, over
+    a torchft ``Manager`` for this rank's replica group (one rank each). ``min_replicas``: the
+    fewest ranks a step may commit with; ``timeout``: seconds for a collective, a commit or a
+    heal; anything else is the Manager's own keyword (``quorum_timeout``, ``init_sync`` ...).
+    A model already sharded with ``fully_shard`` is not taken yet (see docs/training.md)."""
+    global _state
+    address = os.environ.get(LIGHTHOUSE)
+    if not address:
+        raise ClusterError(NOT_FT)
+    world = _world_size()
+    if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) or min_replicas < 1:
+        raise ValueError(
+            f"min_replicas must be a whole number of ranks, 1 or more; got {min_replicas!r}"
+        )
+    if min_replicas > world:
+        raise ValueError(
+            f"min_replicas={min_replicas} is more than the {world} ranks of this cluster: no "
+            f"step could ever commit; give at most {world}"
+        )
+    if _sharded(model):
+        raise NotImplementedError(
+            "ft.wrap takes a plain model (one replica group per rank); a model sharded with "
+            "fully_shard is not supported yet"
+        )
+    torchft, ddp = _torchft()
+    if _state is not None:
+        _close(_state)
+        _state = None
+    from torch.distributed import TCPStore
+
+    on_gpu = any(p.is_cuda for p in model.parameters())
+    host = _host()
+    store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
+    step_timeout = timedelta(seconds=timeout)
+    pg = (torchft.ProcessGroupNCCL if on_gpu else torchft.ProcessGroupGloo)(timeout=step_timeout)
+
+    def state_dict() -> dict[str, Any]:
+        return {"model": model.state_dict(), "optim": optimizer.state_dict()}
+
+    def load_state_dict(state: dict[str, Any]) -> None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optim"])
+
+    options = {
+        "timeout": step_timeout,
+        "quorum_timeout": timedelta(seconds=max(30.0, 3 * timeout)),
+        "connect_timeout": step_timeout,
+        **manager_options,
+    }
+    manager = torchft.Manager(
+        pg=pg,
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        min_replica_size=min_replicas,
+        replica_id=f"rank{_rank()}",
+        rank=0,
+        world_size=1,
+        store_addr=host,
+        store_port=store.port,
+        lighthouse_addr=address,
+        hostname=host,
+        **options,
+    )
+    manager._monarch_store = store  # the replica group's store lives as long as its Manager
+    wrapped = _Wrapped(manager, ddp(manager, model), None)
+    wrapped.optimizer = _optimizer_class(torchft)(wrapped, optimizer)
+    _state = wrapped
+    return wrapped.model, wrapped.optimizer
+
+
+def steps(n: int):
+    """The steps ``0 .. n-1`` that this replica takes part in, each yielded once the step's
+    quorum has started; the loop's body must call the wrapped optimizer's ``step()``, which
+    commits it where every participant got its gradients. A replacement's first quorum heals it
+    from a live peer, so its loop starts at the step the others are at."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"ft.steps takes a whole number of steps, 0 or more; got {n!r}")
+    state = _state
+    if state is None:
+        raise RuntimeError("ft.steps needs ft.wrap(model, optimizer) first, on every rank")
+    manager = state.manager
+    reporter = _Reporter(manager)
+    first = True
+    while first or manager.current_step() < n:
+        _quorum(manager, wait=first)
+        state.quorum_started = True
+        if first:
+            first = False
+            reporter.report(force=True)
+            if manager.current_step() >= n:
+                break
+        before = state.stepped
+        yield manager.current_step()
+        if state.stepped == before:
+            raise RuntimeError(
+                "ft.steps: the loop's body must call the wrapped optimizer's step() once per step "
+                "(the one ft.wrap returned): without it no step commits and the loop never ends"
+            )
+        reporter.report()
+    reporter.report(force=True)
+
+
+def history():
+    """In the notebook: the fault-tolerance events of the current cluster, oldest first, each
+    a dict with ``time``, ``rank``, ``event`` ("lost", "joining", "healing", "back"), ``step``
+    and ``participants``."""
+    ctl = current()
+    if ctl is None:
+        raise ClusterError("no cluster: %monarch up --ft starts one")
+    return [dict(e) for e in ctl.ft_events]
+
+
+def manager():
+    """This rank's torchft Manager (after ``ft.wrap``): its quorum, step and participants."""
+    if _state is None:
+        raise RuntimeError("ft.manager() needs ft.wrap(model, optimizer) first")
+    return _state.manager
+
+
+class _Reporter:
+    """Tells the notebook this rank's committed step and quorum, as a cell's event: at a change
+    of quorum or participants, else at most every ``REPORT_EVERY`` seconds."""
+
+    def __init__(self, manager):
+        self.manager = manager
+        self.last: tuple | None = None
+        self.at = 0.0
+
+    def report(self, force: bool = False) -> None:
+        m = self.manager
+        quorum = (m._quorum_id, m._participating_replica_world_size, m.is_participating())
+        now = time.monotonic()
+        if not force and quorum == self.last and now - self.at < REPORT_EVERY:
+            return
+        self.last, self.at = quorum, now
+        cap = current_capture()
+        if cap is None:
+            return
+        outbox, cell_id = cap
+        qid, n, participating = quorum
+        outbox.emit(
+            {
+                "ev": "ft",
+                "id": cell_id,
+                "step": m.current_step(),
+                "quorum": qid,
+                "participants": n,
+                "healing": not participating,
+            }
+        )
+
+
+def _quorum(manager, wait: bool) -> None:
+    """Start this step's quorum (and wait for it: a replacement heals in its first), saying in
+    one line why it could not be had."""
+    try:
+        manager.start_quorum()
+        if wait:
+            manager.wait_quorum()
+    except Exception as e:
+        text = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise RuntimeError(
+            f"torchft could not form a quorum ({text[:200]}): the Lighthouse at "
+            f"{os.environ.get(LIGHTHOUSE)} is gone or too few ranks are left; %monarch status "
+            "says which"
+        ) from None
+
+
+def _optimizer_class(torchft):
+    class Optimizer(torchft.Optimizer):
+        """torchft's Optimizer, whose zero_grad starts no second quorum in a step that
+        ft.steps started one for."""
+
+        def __init__(self, state: _Wrapped, optim):
+            super().__init__(state.manager, optim)
+            self._monarch_state = state
+
+        def zero_grad(self, set_to_none: bool = True) -> None:
+            state = self._monarch_state
+            if state.quorum_started:
+                state.quorum_started = False
+                self.optim.zero_grad(set_to_none)
+            else:
+                super().zero_grad(set_to_none)
+
+        def step(self, closure=None) -> None:
+            self._monarch_state.quorum_started = False
+            self._monarch_state.stepped += 1
+            super().step(closure)
+
+    return Optimizer
+
+
+def _torchft():
+    """torchft, quietened (its Rust servers log every quorum at INFO, its checkpoint server
+    every request), and the DistributedDataParallel this module wraps models in."""
+    os.environ.setdefault("RUST_LOG", "warn")
+    try:
+        import torchft
+        from torchft import ddp
+    except ImportError as e:
+        raise ClusterError(
+            f"torchft cannot be imported on this rank ({e}): pip install torchft, or make lab / "
+            "make test, which install it"
+        ) from None
+    for name in ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    warnings.filterwarnings("ignore", message="The given buffer is not writable")
+    _quiet_checkpoint_server()
+    _spend_reducer_warning(ddp)
+
+    class DistributedDataParallel(ddp.DistributedDataParallel):
+        """torchft's DDP whose gradient hook never raises: an allreduce that failed (a peer
+        died) is reported to the Manager, which then does not commit the step, instead of
+        failing the backward pass on every survivor as the underlying future would."""
+
+        @staticmethod
+        def _comm_hook(state, bucket):
+            import torch
+
+            work = state.allreduce(bucket.buffer())
+            work.wait()  # a failure is the Manager's now: should_commit says no
+            fut = torch.futures.Future()
+            fut.set_result(bucket.buffer())
+            return fut
+
+    return torchft, DistributedDataParallel
+
+
+def _quiet_checkpoint_server() -> None:
+    """torchft's checkpoint server logs every request a healing peer makes on stderr, which
+    is the cell's output: its successful requests are not logged (its errors still are)."""
+    from torchft import http
+
+    server = http._IPv6HTTPServer
+    if getattr(server, "_monarch_quiet", False):
+        return
+    init = server.__init__
+
+    def quiet_init(self, address, handler, *args, **kwargs):
+        handler.log_request = lambda self, code="-", size="-": None
+        init(self, address, handler, *args, **kwargs)
+
+    server.__init__ = quiet_init
+    server._monarch_quiet = True
+
+
+_reducer_warned = False
+
+
+def _spend_reducer_warning(ddp) -> None:
+    """torchft's DDP sets ``find_unused_parameters`` (its buckets must never be rebuilt), and
+    torch's reducer then warns, once per process and from C++ straight to fd 2 (the cell's
+    output), that no parameter went unused. It is spent here on a model of one parameter, with
+    fd 2 pointed at /dev/null for that moment."""
+    global _reducer_warned
+    if _reducer_warned:
+        return
+    _reducer_warned = True
+    import torch
+    from torch.nn import parallel
+    from torchft.process_group import ProcessGroupDummy
+
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        model = parallel.DistributedDataParallel(
+            torch.nn.Linear(1, 1),
+            process_group=ProcessGroupDummy(0, 1),
+            find_unused_parameters=True,
+        )
+        model(torch.ones(1, 1)).sum().backward()
+    except Exception:
+        pass  # only a warning was at stake
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _sharded(model) -> bool:
+    return any(type(m).__name__.startswith("FSDP") for m in model.modules())
+
+
+def _close(state: _Wrapped) -> None:
+    with contextlib.suppress(Exception):  # a Manager whose servers are already gone
+        state.manager.shutdown(wait=False)
+
+
+def _rank() -> int:
+    return int(_identity("rank", 0))
+
+
+def _world_size() -> int:
+    return int(_identity("world_size", 1))
+
+
+def _identity(name: str, default):
+    from monarch_nb.rank import engine
+
+    eng = engine._engine
+    if eng is None or not eng.identity:
+        return default
+    return eng.identity.get(name, default)
+
+
+def _host() -> str:
+    """The address the other ranks reach this one at: its Dask worker's."""
+    try:
+        from distributed import get_worker
+
+        return get_worker().ip
+    except Exception:
+        return socket.gethostbyname(socket.gethostname())
