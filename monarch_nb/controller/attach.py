@@ -15,6 +15,7 @@ from monarch_nb.controller import setup_cells
 from monarch_nb.controller import sync as code_sync
 from monarch_nb.dispatch import dispatch, gathering, relaying
 from monarch_nb.dispatch.links import Link, RankInfo, Request
+from monarch_nb.dispatch.results import CellError
 from monarch_nb.dispatch.setup_wait import wait_for_setup
 from monarch_nb.dispatch.targets import format_ranks
 from monarch_nb.errors import ClusterError
@@ -211,19 +212,19 @@ def replace(
                     ctl._notice(f"rank {rank}: its replacement could not attach: {e}")
                     return False
             healing = rank in ctl.healing_ranks  # a fault-tolerant cell takes it back (healing.py)
-            if healing:
-                ctl._notice(
-                    f"rank {rank}: a replacement worker took its place and rejoined the cell"
-                )
-            else:
+            if not healing:
                 ctl._notice(
                     f"rank {rank}: a replacement worker took its place with an "
                     "empty namespace (what the old one held is lost)"
                 )
             if regroup and ctl.ft is not None and ctl._router.busy():
-                ctl.regroup_pending = True  # the others train on: formed before the next cell
+                # the others train on: formed before the next cell
+                ctl.regroup_pending = f"rank {rank} was replaced while a cell ran"
             elif regroup:
-                ctl._form_group()
+                try:
+                    ctl._form_group()
+                except CellError:  # another rank is lost too: formed once it is back
+                    ctl.regroup_pending = f"rank {rank} was replaced while another was lost"
                 if ctl.dist_backend:
                     ctl._notice(f"the {ctl.dist_backend} process group was formed again")
             code_sync.resend(ctl, [rank])

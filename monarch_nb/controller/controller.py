@@ -18,6 +18,7 @@ and write the underscored attributes below; nothing outside this package does.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import os
 import socket
@@ -108,9 +109,13 @@ class Controller:
         # --ft: torchft's Lighthouse (lighthouse.py), where every rank finds it, what the ranks
         # last said of their quorum, and what happened (ft.history(); healing.py)
         self.ft = ft
+        if ft is not None:
+            ft.watch(lambda beacon: lighthouse.exited(self, beacon))
         self.rank_env: dict[str, str] = {} if ft is None else {"TORCHFT_LIGHTHOUSE": ft.address}
         self.ft_quorum: dict[str, Any] = {}
         self.ft_events: list[dict[str, Any]] = []
+        # (time, step, participants) as the ranks report them: the panel's participants chart
+        self.ft_steps: collections.deque = collections.deque(maxlen=20_000)
         self.healing_ranks: set[int] = set()  # lost ranks a fault-tolerant cell takes back
         self.rejoined: dict[int, RankInfo] = {}  # rank -> its replacement, once attached
         self._cells = itertools.count(1)
@@ -253,6 +258,7 @@ class Controller:
         that joins later, once it has run on every rank without an error."""
         dispatch.check_timeout(timeout)
         self._check_open()
+        lighthouse.renew(self)  # one that exited: said by the announce below
         self.announce()
         ranks = self.targets(targets)
         # IPython's syntax (``!cmd``, ``%time``) becomes Python here; a SyntaxError or a magic

@@ -223,7 +223,11 @@ def form_if_pending(ctl, ranks: list[int]) -> None:
         if counts is not None and len(set(counts)) == 1 and -1 not in counts:
             ctl.regroup_pending = False  # in step after all
             return
-        _form_again(ctl, "after an interrupt the ranks were out of step")
+        pending = ctl.regroup_pending  # True, or why (attach.py: a rank replaced meanwhile)
+        why = (
+            pending if isinstance(pending, str) else "after an interrupt the ranks were out of step"
+        )
+        _form_again(ctl, why)
     except CellError as e:
         if not e.headline.startswith("interrupted"):
             raise _controller_error(

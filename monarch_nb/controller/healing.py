@@ -39,6 +39,7 @@ class Healing:
         self.steps: dict[int, int] = {}  # each rank's last committed step
         self.away: dict[int, str] = {}  # rank -> "lost" / "joining" / "healing"
         self.given_up = False  # no survivor left: the ranks away end as lost
+        self._turns: dict[int, int] = {}  # rank -> how many times it was lost in this cell
         self._lock = threading.Lock()
         req.on_lost, req.on_ft = self.on_lost, self.on_ft
 
@@ -54,6 +55,10 @@ class Healing:
             elif state in ("joining", "healing") and not ev["healing"]:
                 del self.away[rank]
                 self._record("back", rank, ev)
+                self._say(
+                    rank, f"rank {rank} is back at step {ev['step']}, healed from a live peer"
+                )
+        self.ctl.ft_steps.append((time.time(), ev["step"], ev["participants"]))
         quorum = self.ctl.ft_quorum
         if ev["quorum"] >= quorum.get("quorum", -1):
             quorum.update(
@@ -75,45 +80,74 @@ class Healing:
                 waiting = [r for r in self.away if r in self.req.remaining]
             else:
                 step = max(self.steps.get(r, 0) for r in survivors)
+                again = rank in self.away  # its replacement, lost while it rejoined
                 self.away[rank] = "lost"
                 waiting = None
         if waiting is not None:
             for r in waiting:
                 self._end(r, "lost with every other rank of the cell: no live peer to heal from")
             return False
-        line = f"rank {rank} lost at step {step}; {len(survivors)} of {len(self.req.ranks)} go on"
-        self.req.events.put((rank, {"ev": "stream", "name": "stderr", "lines": [line]}))
+        who = f"rank {rank}'s replacement" if again else f"rank {rank}"
+        self._say(
+            rank, f"{who} lost at step {step}; {len(survivors)} of {len(self.req.ranks)} go on"
+        )
         self._record("lost", rank, {"step": step, "participants": len(survivors)})
         self.ctl.healing_ranks.add(rank)
         old = self.ctl.ranks[rank]
+        with self._lock:
+            turn = self._turns[rank] = self._turns.get(rank, 0) + 1
         threading.Thread(
-            target=self._bring_back, args=(rank, old), daemon=True, name=f"monarch-heal-{rank}"
+            target=self._bring_back,
+            args=(rank, old, turn),
+            daemon=True,
+            name=f"monarch-heal-{rank}",
         ).start()
         return True
 
     # -- on the rank's own thread --------------------------------------------------------------
-    def _bring_back(self, rank: int, old) -> None:
+    def _bring_back(self, rank: int, old, turn: int) -> None:
         ctl = self.ctl
         try:
             deadline = time.monotonic() + REPLACE_TIMEOUT
             while not self._replaced(rank, old):
-                if self.given_up or ctl.closed or time.monotonic() > deadline:
-                    self._end(rank, f"no replacement worker joined within {REPLACE_TIMEOUT} s")
+                if ctl.closed or time.monotonic() > deadline:
+                    if not self.given_up:
+                        self._end(rank, f"no replacement worker joined within {REPLACE_TIMEOUT} s")
                     return
                 time.sleep(0.05)
-            with self._lock:
-                self.away[rank] = "joining"
-            self._record("joining", rank, {"step": None, "participants": None})
+            if not self.given_up:
+                with self._lock:
+                    self.away[rank] = "joining"
+                self._record("joining", rank, {"step": None, "participants": None})
+            # Every replacement gets them, for the cells after this one too.
+            info = ctl.rejoined[rank]
             problem = setup_cells.replay(ctl, [rank]) if ctl.setup_cells else None
+            if not info.alive:
+                return  # lost in its turn: on_lost brings the next one back
+            if self.given_up:
+                ctl._notice(
+                    f"rank {rank}: a replacement worker took its place; "
+                    + (
+                        problem
+                        or (
+                            "the --setup cells ran there"
+                            if ctl.setup_cells
+                            else "its namespace is empty"
+                        )
+                    )
+                )
+                return
             if problem is not None:
                 self._end(rank, f"its replacement could not rejoin: {problem}")
                 return
             link = ctl._links.get(rank)
-            if self.given_up or link is None or rank not in self.req.remaining:
+            if link is None or rank not in self.req.remaining:
                 return
             link.send({**self.msg, "id": self.req.id})  # the cell, as the others run it
         finally:
-            ctl.healing_ranks.discard(rank)
+            with self._lock:
+                if self._turns[rank] == turn:  # not lost again meanwhile: nobody else brings it
+                    ctl.healing_ranks.discard(rank)
 
     def _replaced(self, rank: int, old) -> bool:
         """Whether ``rank``'s replacement has attached, its synced code sent (attach.py)."""
@@ -128,6 +162,10 @@ class Healing:
             rank,
             {"ev": "done", "id": self.req.id, "status": "lost", "why": why, "no_release": True},
         )
+
+    def _say(self, rank: int, line: str) -> None:
+        """A line in the cell's output, tagged with ``rank``."""
+        self.req.events.put((rank, {"ev": "stream", "name": "stderr", "lines": [line]}))
 
     def _record(self, event: str, rank: int, ev: dict[str, Any]) -> None:
         self.ctl.ft_events.append(

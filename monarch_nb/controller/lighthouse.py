@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
+import threading
 import time
 
 # Seconds without a heartbeat after which the Lighthouse counts a rank's Manager gone, and the
@@ -52,6 +53,7 @@ class Lighthouse:
 
     def __init__(self):
         check_installed()
+        self.closing = False
         code = BOOT.format(join=JOIN_TIMEOUT_MS, heartbeat=HEARTBEAT_TIMEOUT_MS)
         self.proc = subprocess.Popen(
             [sys.executable, "-c", code],
@@ -81,6 +83,16 @@ class Lighthouse:
             )
         return address
 
+    def watch(self, on_exit) -> None:
+        """Call ``on_exit(self)`` from a thread of its own if the process exits unasked."""
+
+        def wait() -> None:
+            self.proc.wait()
+            if not self.closing:
+                on_exit(self)
+
+        threading.Thread(target=wait, daemon=True, name="monarch-lighthouse").start()
+
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -90,6 +102,7 @@ class Lighthouse:
         return self.proc.pid
 
     def close(self) -> None:
+        self.closing = True
         with contextlib.suppress(OSError):
             self.proc.stdin.close()
         try:
@@ -103,3 +116,37 @@ def _quiet_env() -> dict[str, str]:
     import os
 
     return {**os.environ, "RUST_LOG": "warn"}
+
+
+def exited(ctl, beacon: Lighthouse) -> None:
+    """The Lighthouse of ``ctl`` exited unasked: its fault-tolerant cells still running are
+    released with that reason (their quorums could never form again); the next cell starts a
+    new one (``renew``)."""
+    reason = (
+        f"torchft's Lighthouse (pid {beacon.pid}) exited, so no quorum can form; the next "
+        "cell starts a new one, and ft.wrap goes on from the step reached"
+    )
+    for req in list(ctl._router.live.values()):
+        if req.on_lost is not None and req.on_failure is not None:
+            req.on_failure.because(reason)
+
+
+def renew(ctl) -> None:
+    """Before a cell: a Lighthouse that exited is started again, and every rank told where."""
+    old = ctl.ft
+    if old is None or old.alive:
+        return
+    beacon = Lighthouse()
+    beacon.watch(lambda b: exited(ctl, b))
+    ctl.ft = beacon
+    ctl.rank_env["TORCHFT_LIGHTHOUSE"] = beacon.address
+    ctl.call(_set_env, dict(ctl.rank_env))
+    ctl._notice(
+        f"torchft's Lighthouse (pid {old.pid}) had exited; a new one runs at {beacon.address}"
+    )
+
+
+def _set_env(engine, env: dict[str, str]) -> None:
+    import os
+
+    os.environ.update(env)

@@ -247,6 +247,8 @@ def send_interrupt(
     rank ends first, its cell running or not ("group": its process groups' connections)."""
     if ctl.closed:
         raise ClusterError("this cluster is down, and its cells ended with it")
+    if cut is None and _fault_tolerant(ctl, target):
+        cut = "ft"  # its ranks wait in torchft's collectives: those end at once (rank/ft.py)
     key = new_id("interrupt")  # one press, by two paths to each rank: acted on once there
     try:
         for rank in ranks:
@@ -263,6 +265,13 @@ def send_interrupt(
     except RuntimeError:  # the client's event loop is closed: the client is gone
         raise ClusterError(ctl._scheduler_gone()) from None
     return key
+
+
+def _fault_tolerant(ctl: Ctl, target: str | None) -> bool:
+    """Whether the interrupt is of a fault-tolerant cell (``target``, or any cell running)."""
+    live = ctl._router.live
+    requests = [live.get(target)] if target is not None else list(live.values())
+    return any(req is not None and req.on_lost is not None for req in requests)
 
 
 def settle(ctl: Ctl, req: Request, outcomes: dict[int, dict], stopped=None, timeout=None):

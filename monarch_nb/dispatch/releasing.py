@@ -59,6 +59,15 @@ class Release:
         self.reason = f"rank {rank} failed"
         _later(self._stop)
 
+    def because(self, reason: str) -> None:
+        """Release every rank still running for ``reason``, a failure of none of them (the
+        cluster's torchft Lighthouse exited), at once and then cutting as above."""
+        with self._lock:
+            if self.reason is not None:
+                return
+            self.reason = reason
+        self._stop()
+
     def _stop(self) -> None:
         running = self._running()
         if running and self._send(running):

@@ -154,8 +154,8 @@ class Engine:
         stands for, which arrives by two paths (wire.py's ``interrupt_here``) and acts once;
         the request it hit is kept under it for ``info``. ``release``: why another rank's
         failure stops this cell, which it then reports; ``cut``: what to end first, even on a
-        rank whose cell is done ("group": its process groups' connections, "children": its
-        child processes; release.py)."""
+        rank whose cell is done ("group": its process groups' connections, "ft": torchft's
+        only, "children": its child processes; release.py)."""
         with self._lock:
             if key is not None:
                 if key in self._interrupts:
@@ -167,8 +167,8 @@ class Engine:
             hit = self._current is not None and self._hit(cell_id, sent) == self._current
             if release is not None and hit:
                 self._released[self._current] = release
-        if cut == "group":
-            rank_release.cut()
+        if cut in ("group", "ft"):
+            rank_release.cut(ft=cut == "ft")
         elif cut == "children":
             children.terminate_all()
         with self._lock:

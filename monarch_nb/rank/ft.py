@@ -30,6 +30,7 @@ from datetime import timedelta
 from typing import Any
 
 from monarch_nb.errors import ClusterError, current
+from monarch_nb.rank import release
 from monarch_nb.rank.capture import current_capture
 
 LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"  # set on every rank of a cluster started with --ft
@@ -75,7 +76,13 @@ def wrap(model, optimizer, *, min_replicas: int = 1, timeout: float = 10.0, **ma
             "fully_shard is not supported yet"
         )
     torchft, ddp = _torchft()
+    step = None
     if _state is not None:
+        if model is _state.model:  # the cell again (after Ctrl-C, a new Lighthouse): its
+            model = _state.model.module  # step goes on
+            step = _state.manager.state_dict()
+        if optimizer is _state.optimizer:
+            optimizer = _state.optimizer.optim
         _close(_state)
         _state = None
     from torch.distributed import TCPStore
@@ -84,7 +91,7 @@ def wrap(model, optimizer, *, min_replicas: int = 1, timeout: float = 10.0, **ma
     host = _host()
     store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
     step_timeout = timedelta(seconds=timeout)
-    pg = (torchft.ProcessGroupNCCL if on_gpu else torchft.ProcessGroupGloo)(timeout=step_timeout)
+    pg = (torchft.ProcessGroupNCCL if on_gpu else _gloo(torchft))(timeout=step_timeout)
 
     def state_dict() -> dict[str, Any]:
         return {"model": model.state_dict(), "optim": optimizer.state_dict()}
@@ -114,6 +121,8 @@ def wrap(model, optimizer, *, min_replicas: int = 1, timeout: float = 10.0, **ma
         **options,
     )
     manager._monarch_store = store  # the replica group's store lives as long as its Manager
+    if step is not None:
+        manager.load_state_dict(step)
     wrapped = _Wrapped(manager, ddp(manager, model), None)
     wrapped.optimizer = _optimizer_class(torchft)(wrapped, optimizer)
     _state = wrapped
@@ -202,12 +211,35 @@ class _Reporter:
         )
 
 
+def await_quorum(manager) -> None:
+    """Wait for the step's quorum in steps of 0.1 s: an interrupt (Ctrl-C, another rank's
+    failure) lands within one, where torchft's own wait (a lock's) would hold it until the
+    quorum's timeout."""
+    future = manager._quorum_future
+    while future is not None and not future.done():
+        with contextlib.suppress(TimeoutError):
+            future.result(timeout=0.1)
+
+
+def _gloo(torchft):
+    class ProcessGroupGloo(torchft.ProcessGroupGloo):
+        """torchft's gloo group, whose connections are recorded as it forms at each new quorum,
+        so that a release cuts them (rank/release.py) as it cuts the cluster's own groups'."""
+
+        def _create_pg(self, store, rank, world_size):
+            with release.recorded(ft=True):
+                return super()._create_pg(store, rank, world_size)
+
+    return ProcessGroupGloo
+
+
 def _quorum(manager, wait: bool) -> None:
     """Start this step's quorum (and wait for it: a replacement heals in its first), saying in
     one line why it could not be had."""
     try:
         manager.start_quorum()
         if wait:
+            await_quorum(manager)
             manager.wait_quorum()
     except Exception as e:
         text = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -238,6 +270,7 @@ def _optimizer_class(torchft):
         def step(self, closure=None) -> None:
             self._monarch_state.quorum_started = False
             self._monarch_state.stepped += 1
+            await_quorum(self.manager)
             super().step(closure)
 
     return Optimizer
@@ -270,6 +303,7 @@ def _torchft():
         def _comm_hook(state, bucket):
             import torch
 
+            await_quorum(state)
             work = state.allreduce(bucket.buffer())
             work.wait()  # a failure is the Manager's now: should_commit says no
             fut = torch.futures.Future()

@@ -30,6 +30,7 @@ from typing import Any
 _lock = threading.Lock()
 _listeners: set[int] = set()  # ports of the listening sockets process groups made here
 _store_ports: set[int] = set()  # the default group's store: rank 0 serves it, the others dial it
+_ft_listeners: set[int] = set()  # those of torchft's groups (rank/ft.py), cut on their own too
 _installed = False
 
 
@@ -49,17 +50,25 @@ def track(store_port: int | None = None) -> None:
         return
 
     def recording(*args, **kwargs):
-        before = _listening()
-        try:
+        with recorded():
             return helper(*args, **kwargs)
-        finally:
-            made = _listening() - before
-            with _lock:
-                _listeners.update(made)
 
     recording.__wrapped__ = helper
     c10d._new_process_group_helper = recording
     _installed = True
+
+
+@contextlib.contextmanager
+def recorded(ft: bool = False):
+    """The listening sockets made within are recorded as a group's; ``ft``: a group of
+    torchft's (rank/ft.py: formed again at each new quorum), which ``cut(ft=True)`` cuts alone."""
+    before = _listening()
+    try:
+        yield
+    finally:
+        made = _listening() - before
+        with _lock:
+            (_ft_listeners if ft else _listeners).update(made)
 
 
 def forget() -> None:
@@ -69,11 +78,15 @@ def forget() -> None:
         _store_ports.clear()
 
 
-def cut() -> int:
+def cut(ft: bool = False) -> int:
     """Shut down the connections of this process's groups (see the module's docstring); how
-    many. Safe from any thread: the sockets stay open (gloo's own), only their traffic ends."""
+    many. Safe from any thread: the sockets stay open (gloo's own), only their traffic ends.
+    ``ft``: only torchft's groups' (whose Manager forms new ones at its next quorum)."""
     with _lock:
-        listeners, stores = set(_listeners), set(_store_ports)
+        listeners, stores = set(_ft_listeners), set()
+        if not ft:
+            listeners |= _listeners
+            stores = set(_store_ports)
     if not listeners and not stores:
         return 0
     done = 0
