@@ -38,6 +38,7 @@ class Healing:
         self.training: set[int] = set()  # ranks that reported an ft step in this cell
         self.steps: dict[int, int] = {}  # each rank's last committed step
         self.away: dict[int, str] = {}  # rank -> "lost" / "joining" / "healing"
+        self.finished: set[int] = set()  # ranks done with the loop (or given up on)
         self.given_up = False  # no survivor left: the ranks away end as lost
         self._turns: dict[int, int] = {}  # rank -> how many times it was lost in this cell
         self._lock = threading.Lock()
@@ -46,6 +47,9 @@ class Healing:
     # -- on the event loop ---------------------------------------------------------------------
     def on_ft(self, rank: int, ev: dict[str, Any]) -> None:
         with self._lock:
+            tell = not self.training or (ev.get("done") and rank not in self.finished)
+            if ev.get("done"):
+                self.finished.add(rank)
             self.training.add(rank)
             self.steps[rank] = ev["step"]
             state = self.away.get(rank)
@@ -55,9 +59,12 @@ class Healing:
             elif state in ("joining", "healing") and not ev["healing"]:
                 del self.away[rank]
                 self._record("back", rank, ev)
+                tell = True
                 self._say(
                     rank, f"rank {rank} is back at step {ev['step']}, healed from a live peer"
                 )
+        if tell:
+            self._tell()  # outside the lock, which _tell takes
         self.ctl.ft_steps.append((time.time(), ev["step"], ev["participants"]))
         quorum = self.ctl.ft_quorum
         if ev["quorum"] >= quorum.get("quorum", -1):
@@ -92,6 +99,7 @@ class Healing:
             rank, f"{who} lost at step {step}; {len(survivors)} of {len(self.req.ranks)} go on"
         )
         self._record("lost", rank, {"step": step, "participants": len(survivors)})
+        self._tell(lost=True)
         self.ctl.healing_ranks.add(rank)
         old = self.ctl.ranks[rank]
         with self._lock:
@@ -158,10 +166,27 @@ class Healing:
         """``rank`` ends the cell as lost, releasing nobody (the others train on)."""
         with self._lock:
             self.away.pop(rank, None)
+            self.finished.add(rank)  # nobody waits for it any more
+        self._tell()
         self.ctl._router.deliver(
             rank,
             {"ev": "done", "id": self.req.id, "status": "lost", "why": why, "no_release": True},
         )
+
+    def _tell(self, lost: bool = False) -> None:
+        """Tell the cell's ranks which of them have yet to finish its loop (those away too): one
+        whose loop is done keeps answering quorums until they have been in one with it, to heal
+        from (rank/ft.py). At the first report, and whenever that changes; ``lost``: a rank
+        was just lost, and the others' torchft groups are cut, to fail at once a collective
+        that waits on one that waits on the lost rank."""
+        with self._lock:
+            pending = [r for r in self.req.ranks if r not in self.finished]
+            away = set(self.away)
+        msg = {"op": "ft", "id": self.req.id, "ranks": pending, "lost": lost}
+        for rank in pending:
+            link = self.ctl._links.get(rank)
+            if link is not None and rank not in away:
+                self.ctl._loop.call_soon_threadsafe(link.control, msg)
 
     def _say(self, rank: int, line: str) -> None:
         """A line in the cell's output, tagged with ``rank``."""

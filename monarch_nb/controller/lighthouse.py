@@ -37,7 +37,12 @@ INSTALL = "pip install torchft (make lab and make test install it)"
 
 
 def check_installed() -> None:
-    """One line where torchft cannot be imported, before anything starts."""
+    """One line where torchft cannot be imported, before anything starts. Its Rust side reads
+    its log level once, as it is first imported, and the workers forked after from this process
+    keep it: below warnings, every quorum of every step would be a line of the cells' output."""
+    import os
+
+    os.environ.setdefault("RUST_LOG", "warn")
     try:
         import torchft._torchft  # noqa: F401
     except ImportError as e:

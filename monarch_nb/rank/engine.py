@@ -32,6 +32,7 @@ from distributed.core import Status
 from monarch_nb.rank import autoreload as rank_autoreload
 from monarch_nb.rank import children, debugger, session, worker_logs
 from monarch_nb.rank import comms as rank_comms
+from monarch_nb.rank import ft as rank_ft
 from monarch_nb.rank import mesh as rank_mesh
 from monarch_nb.rank import release as rank_release
 from monarch_nb.rank import shell as rank_shell
@@ -136,6 +137,8 @@ class Engine:
             rank_comms.receive(channel.outbox, msg)
         elif msg["op"] == "stacks":  # %monarch stacks: this thread may be blocked in C
             rank_stacks.answer(self, channel, msg)
+        elif msg["op"] == "ft":  # which ranks a fault-tolerant cell still waits for
+            rank_ft.pending(msg["id"], msg["ranks"], msg.get("lost", False))
 
     def _interrupt_msg(self, m: dict[str, Any]) -> None:
         self.interrupt(m.get("target"), m.get("sent"), m.get("key"), m.get("release"), m.get("cut"))

@@ -24,6 +24,7 @@ import contextlib
 import logging
 import os
 import socket
+import threading
 import time
 import warnings
 from datetime import timedelta
@@ -39,6 +40,9 @@ NOT_FT = (
     "then %monarch up --ft (or up(ft=True))"
 )
 REPORT_EVERY = 0.1  # seconds between two reports of an unchanged quorum to the notebook
+LINGER = 180.0  # the longest a rank whose loop is done waits for a replacement to heal from it
+
+_pending: dict[str, set[int]] = {}  # cell id -> its ranks yet to finish the loop (the notebook's)
 
 _state: _Wrapped | None = None  # this rank's wrapped model, optimizer and Manager
 
@@ -79,7 +83,8 @@ def wrap(model, optimizer, *, min_replicas: int = 1, timeout: float = 10.0, **ma
     step = None
     if _state is not None:
         if model is _state.model:  # the cell again (after Ctrl-C, a new Lighthouse): its
-            model = _state.model.module  # step goes on
+            model = _state.model.module  # step goes on, and the old wrapper lets go of it
+            _state.model.reducer._remove_autograd_hooks()
             step = _state.manager.state_dict()
         if optimizer is _state.optimizer:
             optimizer = _state.optimizer.optim
@@ -136,9 +141,12 @@ def steps(n: int):
     from a live peer, so its loop starts at the step the others are at."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"ft.steps takes a whole number of steps, 0 or more; got {n!r}")
-    state = _state
-    if state is None:
+    if _state is None:
         raise RuntimeError("ft.steps needs ft.wrap(model, optimizer) first, on every rank")
+    return _steps(_state, n)
+
+
+def _steps(state: _Wrapped, n: int):
     manager = state.manager
     reporter = _Reporter(manager)
     first = True
@@ -158,7 +166,44 @@ def steps(n: int):
                 "(the one ft.wrap returned): without it no step commits and the loop never ends"
             )
         reporter.report()
-    reporter.report(force=True)
+    reporter.report(force=True, done=True)
+    cap = current_capture()
+    _linger(manager, cap[1] if cap is not None else None)
+
+
+def _linger(manager, cell_id: str | None) -> None:
+    """The loop is done here while another rank of the cell may still come to it: one that
+    started late, or a lost rank's replacement on its way back. This rank keeps answering
+    quorums, without stepping, until each rank the notebook counts as still to finish the loop
+    (``pending``; every rank, until it says) has been in one with it: the late one heals from
+    it to the last step and ends its loop there, where it would otherwise find nobody to form a
+    quorum with. In the usual end every rank is in the last step's quorum, and nobody waits."""
+    me, world = _rank(), _world_size()
+    deadline = time.monotonic() + LINGER
+    while time.monotonic() < deadline:
+        told = _pending.get(cell_id)
+        pending = set(range(world)) if told is None else told
+        if not pending - {me} - _in_quorum(manager):
+            return
+        _quorum(manager, wait=True)
+        time.sleep(0.05)
+
+
+def _in_quorum(manager) -> set[int]:
+    """The ranks in this rank's last quorum, a healing one included."""
+    return set(getattr(manager._pg, "_global_ranks", None) or ())
+
+
+def pending(cell_id: str, ranks, lost: bool = False) -> None:
+    """From the notebook, on the worker's event loop: the ranks of cell ``cell_id`` that have
+    not finished its loop (healing.py). ``lost``: one was just lost, and this rank's torchft
+    groups are cut (rank/release.py), so that a collective waiting on a peer that waits on the
+    lost one fails now, not when the next quorum forms without this rank (the Lighthouse's
+    join timeout, 5 s)."""
+    _pending.clear()  # one cell at a time
+    _pending[cell_id] = set(ranks)
+    if lost:
+        release.cut(ft=True)
 
 
 def history():
@@ -187,9 +232,10 @@ class _Reporter:
         self.last: tuple | None = None
         self.at = 0.0
 
-    def report(self, force: bool = False) -> None:
+    def report(self, force: bool = False, done: bool = False) -> None:
         m = self.manager
-        quorum = (m._quorum_id, m._participating_replica_world_size, m.is_participating())
+        participating = done or m.is_participating()  # one done is not healing any more
+        quorum = (m._quorum_id, m._participating_replica_world_size, participating)
         now = time.monotonic()
         if not force and quorum == self.last and now - self.at < REPORT_EVERY:
             return
@@ -207,6 +253,7 @@ class _Reporter:
                 "quorum": qid,
                 "participants": n,
                 "healing": not participating,
+                "done": done,
             }
         )
 
@@ -241,6 +288,12 @@ def _quorum(manager, wait: bool) -> None:
         if wait:
             await_quorum(manager)
             manager.wait_quorum()
+            if manager._healing:
+                # A replacement's first quorum healed it: its state is applied now, as torchft
+                # does for a synchronous quorum, so that its first step runs the live model
+                # (torchft's asynchronous quorum would apply it after that step's backward).
+                manager._apply_pending_state_dict()
+                manager._healing = False
     except Exception as e:
         text = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise RuntimeError(
@@ -369,8 +422,14 @@ def _sharded(model) -> bool:
 
 
 def _close(state: _Wrapped) -> None:
-    with contextlib.suppress(Exception):  # a Manager whose servers are already gone
-        state.manager.shutdown(wait=False)
+    """Shut the previous Manager down in the background: its servers' shutdown waits for a
+    quorum request still in flight (one to a Lighthouse that exited waits out its timeout)."""
+
+    def shutdown() -> None:
+        with contextlib.suppress(Exception):  # a Manager whose servers are already gone
+            state.manager.shutdown(wait=False)
+
+    threading.Thread(target=shutdown, daemon=True, name="monarch-ft-shutdown").start()
 
 
 def _rank() -> int:
@@ -382,19 +441,27 @@ def _world_size() -> int:
 
 
 def _identity(name: str, default):
-    from monarch_nb.rank import engine
-
-    eng = engine._engine
-    if eng is None or not eng.identity:
+    engine = _engine()
+    if engine is None or not engine.identity:
         return default
-    return eng.identity.get(name, default)
+    return engine.identity.get(name, default)
+
+
+def _engine():
+    """This worker process's engine (its ``monarch`` extension), if any: the engine's thread,
+    which runs the cells, is not a Dask task's, so ``get_worker()`` does not know it."""
+    from distributed import Worker
+
+    for worker in list(Worker._instances):
+        engine = worker.extensions.get("monarch")
+        if engine is not None:
+            return engine
+    return None
 
 
 def _host() -> str:
     """The address the other ranks reach this one at: its Dask worker's."""
-    try:
-        from distributed import get_worker
-
-        return get_worker().ip
-    except Exception:
-        return socket.gethostbyname(socket.gethostname())
+    engine = _engine()
+    if engine is not None:
+        return engine.worker.ip
+    return socket.gethostbyname(socket.gethostname())
