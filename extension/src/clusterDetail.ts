@@ -5,12 +5,14 @@ import { BarChart } from './barChart';
 import { el } from './format';
 import { GROUP_RANKS, HostGroups } from './hostGroups';
 import { LossChart } from './lossChart';
+import { ParticipantsChart, stepRange } from './participantsChart';
 import { RankTable } from './rankTable';
 import { ICluster, IMetrics } from './types';
 
 export type DetailAction = 'dashboard' | 'shutdown';
 
-/** The selected cluster: its GPUs, its loss, its ranks and the two actions. */
+/** The selected cluster: its GPUs, its loss (and on a cluster started with --ft, the
+ * participants per step under it), its ranks and the two actions. */
 export class ClusterDetail extends Widget {
   constructor() {
     super();
@@ -28,6 +30,7 @@ export class ClusterDetail extends Widget {
     layout.addWidget(this._util);
     layout.addWidget(this._mem);
     layout.addWidget(this._loss);
+    layout.addWidget(this._participants);
     layout.addWidget(this._ranks);
     layout.addWidget(this._hosts);
     this.showCluster(null);
@@ -92,7 +95,10 @@ export class ClusterDetail extends Widget {
     if (grouped) {
       this._hosts.render(metrics.ranks);
     }
-    this._loss.render(metrics.loss);
+    const ft = metrics.ft ?? null;
+    const steps = ft ? stepRange(metrics.loss.map(s => s.steps), ft) : null;
+    this._loss.render(metrics.loss, steps, ft?.lost ?? []);
+    this._participants.render(ft, steps);
   }
 
   error(message: string): void {
@@ -125,6 +131,7 @@ export class ClusterDetail extends Widget {
   private _util = new BarChart('util');
   private _mem = new BarChart('mem');
   private _loss = new LossChart();
+  private _participants = new ParticipantsChart();
   private _ranks = new RankTable();
   private _hosts = new HostGroups();
   private _action = new Signal<this, DetailAction>(this);

@@ -3,13 +3,21 @@ import { Widget } from '@lumino/widgets';
 import { el, formatNumber } from './format';
 import { ILossSeries, rankColor, rankName } from './types';
 
-const SVG = 'http://www.w3.org/2000/svg';
-const W = 300; // the chart's own coordinates; the SVG scales to the sidebar's width
+export const SVG = 'http://www.w3.org/2000/svg';
+export const W = 300; // the chart's own coordinates; the SVG scales to the sidebar's width
 const H = 120;
-const PAD = 4;
+export const PAD = 4;
 const LEGEND_RANKS = 16;
 
-/** The loss against the step, one line per rank, with the ranges on the axes. */
+/** The steps from `lo` to `hi` drawn across a chart `W` wide (the participants chart below
+ * the loss shares them). */
+export function stepScale(lo: number, hi: number): (x: number) => number {
+  const x1 = hi > lo ? hi : lo + 1;
+  return (x: number) => PAD + ((x - lo) / (x1 - lo)) * (W - 2 * PAD);
+}
+
+/** The loss against the step, one line per rank, with the ranges on the axes; on a cluster
+ * started with --ft, a dashed mark at each step where a rank was lost. */
 export class LossChart extends Widget {
   constructor() {
     super();
@@ -18,6 +26,7 @@ export class LossChart extends Widget {
     this._svg.setAttribute('viewBox', `0 0 ${W} ${H}`);
     this._svg.setAttribute('preserveAspectRatio', 'none');
     this._svg.classList.add('monarch-loss-plot');
+    this._svg.appendChild(this._marks); // under the lines
     this._empty = el('p', 'monarch-empty', 'No loss yet: call monarch_nb.log(loss=...) in a cell.');
     this._yRange = el('div', 'monarch-loss-yrange');
     this._xRange = el('div', 'monarch-loss-xrange');
@@ -28,7 +37,13 @@ export class LossChart extends Widget {
     this.node.append(title, this._empty, plot, this._xRange, this._legend);
   }
 
-  render(series: ILossSeries[]): void {
+  /** `steps`: the x range to draw (shared with the participants chart), else the loss's own;
+   * `lost`: [step, rank] of each rank lost. */
+  render(
+    series: ILossSeries[],
+    steps: [number, number] | null = null,
+    lost: [number, number][] = []
+  ): void {
     const shown = series.filter(s => s.steps.length > 0);
     this._empty.hidden = shown.length > 0;
     this.node.classList.toggle('monarch-mod-empty', shown.length === 0);
@@ -47,13 +62,16 @@ export class LossChart extends Widget {
         }
       });
     }
+    if (steps) {
+      [x0, x1] = steps;
+    }
     if (x1 <= x0) {
       x1 = x0 + 1;
     }
     if (y1 <= y0) {
       y1 = y0 + 1;
     }
-    const sx = (x: number) => PAD + ((x - x0) / (x1 - x0)) * (W - 2 * PAD);
+    const sx = stepScale(x0, x1);
     const sy = (y: number) => H - PAD - ((y - y0) / (y1 - y0)) * (H - 2 * PAD);
     const keys = new Set(shown.map(s => String(s.rank)));
     for (const [key, line] of this._lines) {
@@ -91,6 +109,23 @@ export class LossChart extends Widget {
       item.style.setProperty('--monarch-rank-color', rankColor(s.rank));
       this._legend.appendChild(item);
     }
+    this._marks.replaceChildren();
+    for (const [step, rank] of shown.length > 0 ? lost : []) {
+      if (step < x0 || step > x1) {
+        continue;
+      }
+      const mark = document.createElementNS(SVG, 'line');
+      mark.classList.add('monarch-ft-mark');
+      const x = sx(step).toFixed(1);
+      for (const [name, value] of [['x1', x], ['x2', x], ['y1', '0'], ['y2', String(H)]]) {
+        mark.setAttribute(name, value);
+      }
+      mark.setAttribute('vector-effect', 'non-scaling-stroke');
+      const title = document.createElementNS(SVG, 'title');
+      title.textContent = `rank ${rank} lost at step ${step}`;
+      mark.appendChild(title);
+      this._marks.appendChild(mark);
+    }
     if (shown.length > 0) {
       const top = el('span', '', formatNumber(y1));
       this._yRange.replaceChildren(top, el('span', '', formatNumber(y0)));
@@ -107,4 +142,5 @@ export class LossChart extends Widget {
   private _xRange: HTMLElement;
   private _legend: HTMLElement;
   private _lines = new Map<string, SVGPolylineElement>();
+  private _marks = document.createElementNS(SVG, 'g');
 }

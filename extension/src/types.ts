@@ -51,6 +51,29 @@ export interface ILossSeries {
   values: number[];
 }
 
+/** A rank of a fault-tolerant cell lost, joining (its replacement runs the setup cells),
+ * healing (from a live peer) or back (monarch_nb/telemetry/ft_feed.py). */
+export interface IFtEvent {
+  time: number | null;
+  rank: number;
+  event: 'lost' | 'joining' | 'healing' | 'back';
+  step: number | null;
+  participants: number | null;
+}
+
+/** A cluster started with --ft: what its notebook's live panel last published. */
+export interface IFt {
+  world: number;
+  /** [step, participants] where the participants changed, and the last step. */
+  participants: [number, number][];
+  /** [step, rank] of each rank lost. */
+  lost: [number, number][];
+  events: IFtEvent[];
+  /** The ranks out of the running cell now; their rows' status says the same. */
+  away: { rank: number; state: string; step: number | null }[];
+  back: { rank: number; step: number | null }[];
+}
+
 /** GET /monarch/api/clusters/<id>/metrics; "gone" (HTTP 410) when the scheduler is dead. */
 export interface IMetrics {
   id: string;
@@ -59,6 +82,8 @@ export interface IMetrics {
   time?: number;
   ranks: IRankRow[];
   loss: ILossSeries[];
+  /** Only on a cluster started with --ft, once a fault-tolerant cell's panel published. */
+  ft?: IFt;
 }
 
 export const PALETTE = [

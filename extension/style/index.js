@@ -1,2 +1,3 @@
 import './base.css';
 import './hosts.css';
+import './ft.css';

@@ -13,6 +13,7 @@ from monarch_nb.telemetry.store import thin
 MAX_POINTS = 400  # points per line; more are evenly thinned, the newest kept
 FONT = "system-ui, -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif"
 GRID = 'stroke="currentColor" stroke-opacity="0.12"'
+MAX_MARK_LABELS = 3  # marks on a chart that are labelled; past it, their titles say
 
 
 def finite(x: Any) -> bool:
@@ -93,11 +94,14 @@ def chart(
     empty: str,
     log_y: bool = False,
     bands: list[tuple[str, Band]] = (),
+    marks: list[tuple[float, str, str]] = (),
 ) -> str:
     """A chart in ``box`` (x, y, w, h): axes with ticks; ``lines`` as ``(key, colour,
     points)``, each a polyline (``data-rank`` = key) with a dot on its newest point; ``bands``
-    as ``(colour, [(x, lowest, median, highest)])``, each a shaded area and its median's line.
-    Non-finite points are left out; None on an axis means "fit"."""
+    as ``(colour, [(x, lowest, median, highest)])``, each a shaded area and its median's line;
+    ``marks`` as ``(x, colour, words)``, each a thin dashed vertical line (a rank lost at that
+    step), labelled with ``words`` where few. Non-finite points are left out; None on an axis
+    means "fit"."""
     bx, by, bw, bh = box
     left, bottom, top = 46, 30, 18
     px, py, pw, ph = bx + left, by + top, bw - left - 8, bh - top - bottom
@@ -153,6 +157,16 @@ def chart(
         out.append(f'<line x1="{tx:.1f}" x2="{tx:.1f}" y1="{py}" y2="{py + ph}" {GRID}/>')
         out.append(text(tx, py + ph + 13, fmt(tick), 10, "middle", fill_opacity="0.75"))
     out.append(text(px + pw / 2, py + ph + 26, x_label, 10, "middle", fill_opacity="0.75"))
+    shown = [m for m in marks if finite(m[0]) and x0 <= m[0] <= x1]
+    for x, c, words in shown:
+        mx = sx(x)
+        out.append(
+            f'<line x1="{mx:.1f}" x2="{mx:.1f}" y1="{py}" y2="{py + ph}" stroke="{c}" '
+            f'stroke-opacity="0.75" stroke-dasharray="3 2" class="ft-mark">'
+            f"<title>{html.escape(words)}</title></line>"
+        )
+        if len(shown) <= MAX_MARK_LABELS:
+            out.append(text(mx + 3, py + 10, clip(words, 18), 9, fill=c))
     for c, band in shaded:
         # the area: along the highest values, back along the lowest
         edge = [(p[0], p[3]) for p in band] + [(p[0], p[1]) for p in reversed(band)]

@@ -20,6 +20,7 @@ from typing import Any
 
 from monarch_nb.dispatch.merging import far_apart
 from monarch_nb.dispatch.targets import format_ranks
+from monarch_nb.notebook import panel_ft
 from monarch_nb.notebook.panel_charts import chart, clip, finite, fmt, text
 from monarch_nb.telemetry.figures import GIB, color
 from monarch_nb.telemetry.store import thin
@@ -31,7 +32,8 @@ HISTORY_BINS = 60  # one per second of the last minute
 MAX_APART = 3  # ranks apart from the others drawn as lines of their own
 MAX_HOSTS = 16  # hosts named under the strips; past it, how many there are
 MAX_BYTES = 40_000  # the picture's size at any number of ranks (tests/notebook/test_widgets.py)
-HEIGHT = 330  # below the title; the charts take the last CHART of it
+HEIGHT = 330  # below the title; the charts take the last CHART of it (panel_ft.HEIGHT more
+# under them on a cluster started with --ft)
 CHART = 176
 UTIL_COLOR, MEM_COLOR, LOSS_COLOR = "#1f77b4", "#9467bd", "#ff7f0e"
 _STRIP_X = 78  # the strips start here, after their labels
@@ -57,11 +59,15 @@ def parts(view: dict[str, Any], width: int, top: float, states: dict[str, str]) 
     loss, apart = _loss(view)
     out.append(text(0, y + 32, clip(_loss_line(rows, apart), 140), 11))
     charts = top + HEIGHT - CHART
+    ft = view.get("ft")
+    xr = None
+    if ft is not None:
+        xr = panel_ft.x_range([x for s in view["loss"] for x in s["steps"]], ft)
     out.append(
         chart(
             (0, charts, 430, CHART - 4),
             [(r, color(r), pts) for r, pts in apart.items()][:MAX_APART],
-            None,
+            xr,
             None,
             None,
             _loss_title(apart),
@@ -69,8 +75,13 @@ def parts(view: dict[str, Any], width: int, top: float, states: dict[str, str]) 
             view.get("no_loss", "no loss yet: monarch_nb.log(step=i, loss=...)"),
             _log_scale(loss),
             bands=[(LOSS_COLOR, loss)] if loss else [],
+            marks=panel_ft.marks(ft),
         )
     )
+    if ft is not None:
+        under = top + HEIGHT
+        box = (450, under, width - 450, panel_ft.HEIGHT - 4)
+        out += panel_ft.draw((0, under, 430, panel_ft.HEIGHT - 4), box, ft, xr)
     util_of = "GPU" if any(r.get("util_of") == "gpu" for r in rows) else "CPU"
     for x, key, name, ceiling, c in (
         (450, "util", f"{util_of} utilization %", 100.0, UTIL_COLOR),

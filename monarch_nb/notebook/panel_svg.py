@@ -9,7 +9,9 @@ has a row per rank (device, state, utilization, memory, step, loss), the loss pe
 against the step, and each rank's recent utilization and memory samples. The picture's size
 depends only on the number of ranks, so an update never moves the page; text uses
 ``currentColor``, so it reads on light and dark themes; colours per rank are the sidebar's
-(``figures.color``); only presentation attributes are used, no ``<style>`` or script.
+(``figures.color``); only presentation attributes are used, no ``<style>`` or script. On a
+cluster started with ``--ft`` the view has its ``ft`` feed too, and panel_ft.py draws each rank's
+way back, the losses on the loss chart and the participants per step under it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 from typing import Any
 
 from monarch_nb.notebook import panel_charts as charts
-from monarch_nb.notebook import panel_compact
+from monarch_nb.notebook import panel_compact, panel_ft
 from monarch_nb.notebook.panel_charts import FONT, GRID, MAX_POINTS, fmt
 from monarch_nb.notebook.panel_charts import clip as _clip
 from monarch_nb.notebook.panel_charts import finite as _finite
@@ -33,6 +35,8 @@ STATE_COLORS = {
     "done": "#2ca02c",
     "error": "#d62728",
     "lost": "#d62728",
+    "joining": "#ff7f0e",  # a fault-tolerant cell's rank on its way back (panel_ft.py)
+    "healing": "#9467bd",
     "cancelled": "#7f7f7f",
     "queued": "#7f7f7f",
     "idle": "#7f7f7f",
@@ -51,10 +55,12 @@ def panel_view(
     ranks: list | None = None,
     now: float | None = None,
     cell: bool = False,
+    ft: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The picture's data from a metrics snapshot (``Store.snapshot``) and the cell's
     ``rank -> (state, seconds running)``; ``ranks`` adds rows for ranks that logged nothing.
-    ``cell``: the snapshot holds a cell's own rows (``rows_since``), and says so where none."""
+    ``cell``: the snapshot holds a cell's own rows (``rows_since``), and says so where none.
+    ``ft``: on a cluster started with ``--ft``, its feed (``panel_ft.feed``)."""
     states = states or {}
     now = time.time() if now is None else now
     base = rank_view({"workers": [], "metrics": snapshot})
@@ -63,6 +69,7 @@ def panel_view(
         rows.setdefault(rank, {"rank": rank, "util_of": "cpu"})
     logged = {e.get("rank"): e for e in snapshot.get("ranks") or []}
     out_rows, history = [], []
+    ft_notes = panel_ft.notes(ft)
     for rank in sorted(rows, key=_order):
         row = dict(rows[rank])
         state, elapsed = states.get(rank, ("idle", None))
@@ -71,6 +78,7 @@ def panel_view(
         # a None latest loss after steps were logged is a non-finite one (JSON has no NaN)
         values = entry.get("values") or {}
         row["loss_bad"] = "loss" in values and values["loss"] is None
+        row["ft_note"] = ft_notes.get(rank)
         out_rows.append(row)
         samples = [s for s in entry.get("samples") or [] if s.get("time", now) >= now - HISTORY_S]
         if samples:
@@ -90,7 +98,10 @@ def panel_view(
         entry = logged.get(series["rank"]) or {}
         loss.append({**series, "of": max(entry.get("rows") or 0, len(series["steps"]))})
     empty = NO_LOSS_IN_CELL if cell else NO_LOSS
-    return {"now": now, "ranks": out_rows, "loss": loss, "history": history, "no_loss": empty}
+    view = {"now": now, "ranks": out_rows, "loss": loss, "history": history, "no_loss": empty}
+    if ft is not None:
+        view["ft"] = ft
+    return view
 
 
 def _order(rank: Any) -> tuple:
@@ -151,9 +162,11 @@ def _row(row: dict[str, Any], y: float, tall: bool) -> str:
     else:
         loss_text = ""
     step = row.get("step")
-    if step is not None:
+    if row.get("ft_note"):  # lost at step 57, back at step 71: in place of the step
+        loss_text = f"{row['ft_note']} · {loss_text}" if loss_text else row["ft_note"]
+    elif step is not None:
         loss_text = f"step {step} · {loss_text}" if loss_text else f"step {step}"
-    parts.append(_t(WIDTH - 2, mid + 4, _clip(loss_text, 30), 11, "end"))
+    parts.append(_t(WIDTH - 2, mid + 4, _clip(loss_text, 34), 11, "end"))
     body = "".join(parts)
     return f'<g opacity="0.55">{body}</g>' if state == "lost" else body
 
@@ -168,14 +181,18 @@ def _lines(
     x_label: str,
     empty: str,
     log_y: bool = False,
+    marks: list = (),
 ) -> str:
     """A line chart in ``box`` (x, y, w, h), one line per rank in the rank's colour."""
     lines = [(rank, color(rank), list(zip(xs, ys, strict=False))) for rank, xs, ys in series]
-    return charts.chart(box, lines, x_range, y_floor, y_ceiling, title, x_label, empty, log_y)
+    return charts.chart(
+        box, lines, x_range, y_floor, y_ceiling, title, x_label, empty, log_y, marks=marks
+    )
 
 
 def _per_rank(view: dict[str, Any], h: int) -> list[str]:
-    """A row per rank, and a line per rank in the charts under them."""
+    """A row per rank, and a line per rank in the charts under them (on an ft cluster, the
+    participants per step under the loss)."""
     ranks = view["ranks"]
     tall = len(ranks) <= 8
     row_h = 30 if tall else 20
@@ -186,9 +203,11 @@ def _per_rank(view: dict[str, Any], h: int) -> list[str]:
     for row in ranks:
         parts.append(_row(row, y, tall))
         y += row_h
-    top = h - _CHART
+    ft = view.get("ft")
+    top = h - _CHART - (panel_ft.HEIGHT if ft is not None else 0)
     parts.append(f'<line x1="0" x2="{WIDTH}" y1="{top - 5}" y2="{top - 5}" {GRID}/>')
     loss = view["loss"]
+    xr = panel_ft.x_range([x for s in loss for x in s["steps"]], ft) if ft is not None else None
     ys = [v for s in loss for v in s["values"] if _finite(v)]
     log_y = bool(ys) and min(ys) > 0 and max(ys) / min(ys) >= 100
     # the store thins rows before they reach us; `of` is how many the rank logged
@@ -200,15 +219,23 @@ def _per_rank(view: dict[str, Any], h: int) -> list[str]:
         _lines(
             (0, top, 430, _CHART - 4),
             [(s["rank"], s["steps"], s["values"]) for s in loss],
-            None,
+            xr,
             None,
             None,
             loss_title,
             "step",
             view.get("no_loss", NO_LOSS),
             log_y,
+            panel_ft.marks(ft),
         )
     )
+    if ft is not None:
+        parts += panel_ft.draw(
+            (0, top + _CHART, 430, panel_ft.HEIGHT - 4),
+            (450, top + _CHART, WIDTH - 450, panel_ft.HEIGHT - 4),
+            ft,
+            xr,
+        )
     hist = view["history"]
     window = (-HISTORY_S, 0.0)
     util_of = "GPU" if any(r.get("util_of") == "gpu" for r in ranks) else "CPU"
@@ -239,19 +266,21 @@ def _per_rank(view: dict[str, Any], h: int) -> list[str]:
     return parts
 
 
-def height(n_ranks: int) -> int:
-    """The picture's height in pixels: it depends on the number of ranks only."""
+def height(n_ranks: int, ft: bool = False) -> int:
+    """The picture's height in pixels: it depends on the number of ranks only (and on whether
+    the cluster has ``--ft``: the participants chart's strip)."""
+    extra = panel_ft.HEIGHT if ft else 0
     if n_ranks >= panel_compact.COMPACT_RANKS:
-        return _HEAD + panel_compact.HEIGHT
+        return _HEAD + panel_compact.HEIGHT + extra
     rows = n_ranks * (30 if n_ranks <= 8 else 20)
-    return _HEAD + max(rows, 20) + 10 + _CHART
+    return _HEAD + max(rows, 20) + 10 + _CHART + extra
 
 
 def render(view: dict[str, Any], title: str, subtitle: str = "", note: str = "") -> str:
     """The panel as HTML: a fixed-size ``<svg>``, and ``note`` as a line of text under it; a
     row per rank, or from COMPACT_RANKS ranks the compact form (panel_compact.py)."""
     ranks = view["ranks"]
-    h = height(len(ranks))
+    h = height(len(ranks), view.get("ft") is not None)
     parts = [_t(0, 16, _clip(title, 60), 13, font_weight="700")]
     stamp = time.strftime("%H:%M:%S", time.localtime(view["now"]))
     right = f"{subtitle} · {stamp}" if subtitle else stamp
@@ -276,6 +305,8 @@ def render(view: dict[str, Any], title: str, subtitle: str = "", note: str = "")
 def text(view: dict[str, Any], title: str, note: str = "") -> str:
     """The panel as plain text, a line per rank (the ``text/plain`` of its outputs)."""
     lines = [title + (f" ({note})" if note else "")]
+    if view.get("ft") is not None:
+        lines.append(panel_ft.text_line(view["ft"]))
     if len(view["ranks"]) >= panel_compact.COMPACT_RANKS:
         return "\n".join(lines + panel_compact.text_lines(view))
     for row in view["ranks"]:
@@ -288,6 +319,8 @@ def text(view: dict[str, Any], title: str, note: str = "") -> str:
             f"util {util:.0f}%" if _finite(util) else "util -",
             f"mem {used / GIB:.1f} GiB" if _finite(used) else "mem -",
         ]
+        if row.get("ft_note"):
+            parts.append(row["ft_note"])
         if row.get("step") is not None:
             parts.append(f"step {row['step']}")
         if _finite(row.get("loss")):

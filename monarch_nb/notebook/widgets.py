@@ -6,7 +6,9 @@ second, at a size that depends only on the number of ranks (no layout jumps); th
 JavaScript library. The panel is displayed with a display id and a ``text/html`` copy of the
 picture beside the widget, for front ends without a widget manager. When its cell ends it
 freezes: the output becomes the static picture alone (what a saved notebook shows when
-reopened) and the widget is closed.
+reopened) and the widget is closed. On a cluster started with ``--ft``, a cell's panel also
+sends its fault-tolerance feed (telemetry/ft_feed.py) to the scheduler as it changes, for the
+sidebar.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ import threading
 import time
 
 from monarch_nb.dispatch.targets import format_ranks
-from monarch_nb.notebook import panel_svg
+from monarch_nb.notebook import panel_ft, panel_svg
 from monarch_nb.notebook.stuck import StuckWatch
-from monarch_nb.telemetry import metrics
+from monarch_nb.telemetry import ft_feed, metrics
 
 DEFAULT_HZ = 2.0
 SHOW_AFTER = 1.0  # seconds a blocking cell runs before its panel appears
@@ -49,7 +51,8 @@ def static_bundle(ctl, title: str, why: str) -> dict[str, str]:
     """The panel's picture now, as a display bundle, with ``why`` it is not live."""
     snapshot = ctl.metrics.snapshot(points=LOSS_POINTS, samples=HISTORY_SAMPLES)
     ranks = [i.rank for i in ctl.ranks]
-    view = panel_svg.panel_view(snapshot, ranks=ranks)
+    ft = panel_ft.feed(ctl, None, time.time())
+    view = panel_svg.panel_view(snapshot, ranks=ranks, ft=ft)
     return {
         "text/html": panel_svg.render(view, title, _header(ctl), note=why),
         "text/plain": f"{metrics.format_latest()}\n{title}: {why}",
@@ -69,6 +72,7 @@ class LivePanel:
         self.handle = None  # the display handle, once shown
         self.updates = 0  # how many times fresh metrics were read (tests read it)
         self.view: dict | None = None
+        self.ft: dict | None = None  # on a cluster started with --ft, its feed (ft_feed.py)
         self.widget = HTML()
         self._snapshot: dict | None = None
         self._stop = threading.Event()
@@ -93,7 +97,8 @@ class LivePanel:
         self.refresh()
 
     def cell_states(self) -> dict[int, tuple[str, float | None]]:
-        """rank -> (state, seconds since the cell started); without a cell: up, lost or down."""
+        """rank -> (state, seconds since the cell started); without a cell: up, lost or down.
+        A fault-tolerant cell's rank on its way back: lost, joining, healing (panel_ft.py)."""
         dead = {i.rank for i in self.ctl.ranks if not i.alive}
         req = self.request
         if req is None:
@@ -102,9 +107,12 @@ class LivePanel:
             return {i.rank: ("lost" if i.rank in dead else "up", None) for i in self.ctl.ranks}
         now = time.time()
         states = {}
+        away = panel_ft.away(self.ctl, req)
         for rank in req.ranks:
             status = req.status.get(rank)
-            if status is None and rank in req.remaining:
+            if status is None and rank in req.remaining and rank in away:
+                states[rank] = (away[rank], None)
+            elif status is None and rank in req.remaining:
                 states[rank] = ("lost", None) if rank in dead else ("running", now - req.t0)
             else:
                 states[rank] = ({"ok": "done"}.get(status, status or "done"), None)
@@ -123,12 +131,25 @@ class LivePanel:
             )
             self.updates += 1
         ranks = req.ranks if req is not None else [i.rank for i in self.ctl.ranks]
+        now = time.time()
+        self.ft = panel_ft.feed(self.ctl, req, now)
         self.view = panel_svg.panel_view(
-            self._snapshot, self.cell_states(), ranks=ranks, cell=req is not None
+            self._snapshot,
+            self.cell_states(),
+            ranks=ranks,
+            now=now,
+            cell=req is not None,
+            ft=self.ft,
         )
         value = self.html()
         if value != self.widget.value:
             self.widget.value = value
+
+    def publish(self) -> None:
+        """A cell's panel tells the scheduler (so the sidebar) its fault-tolerance feed:
+        only when it changed, never waiting (ft_feed.publish)."""
+        if self.ft is not None and self.request is not None and not self.ctl.closed:
+            ft_feed.publish(self.ctl.client, self.ft)
 
     def html(self, note: str = "") -> str:
         note = note or self.stuck.note(self.request)
@@ -172,6 +193,7 @@ class LivePanel:
             try:
                 self.stuck.poll(self.request)
                 self.refresh(force=False)
+                self.publish()
             except Exception:  # the cluster went down under us: the freeze shows what we have
                 if self.ctl.closed:
                     return True
@@ -200,6 +222,7 @@ class LivePanel:
                     answering = [r.address for r in self.ctl.ranks if r.rank not in silent]
                     self.ctl.metrics.catch_up(timeout=2, workers=answering)
                 self.refresh()
+                self.publish()
             except Exception:  # the cluster is gone: the last picture drawn stands
                 pass
             self.frozen = self.html()

@@ -55,7 +55,9 @@ def labels_text(labels: dict[str, Any] | None) -> str:
 
 
 def rank_view(payload: dict[str, Any], scalar: str = LOSS) -> dict[str, Any]:
-    """``{"time", "ranks": [row per rank], "loss": [{"rank", "steps", "values"}]}``.
+    """``{"time", "ranks": [row per rank], "loss": [{"rank", "steps", "values"}]}``, and on a
+    cluster started with ``--ft`` its ``ft`` feed (ft_feed.py), whose ranks away (lost,
+    joining, healing) have that as their status.
 
     A row: rank, worker, host, status, device, kind, util (%, the GPU's, or the worker
     process's CPU on a CPU worker: ``util_of`` says which), mem_used / mem_total (bytes),
@@ -116,7 +118,15 @@ def rank_view(payload: dict[str, Any], scalar: str = LOSS) -> dict[str, Any]:
                 {"rank": rank, "steps": [s for s, _ in points], "values": [v for _, v in points]}
             )
     ranks = sorted(by_rank.values(), key=lambda r: _order(r["rank"]))
-    return {"time": payload.get("time"), "ranks": ranks, "loss": loss}
+    view = {"time": payload.get("time"), "ranks": ranks, "loss": loss}
+    ft = metrics.get("ft")
+    if isinstance(ft, dict):  # a cluster started with --ft: who is away now, participants
+        view["ft"] = ft
+        away = {a.get("rank"): a.get("state") for a in ft.get("away") or []}
+        for row in ranks:
+            if away.get(row["rank"]):
+                row["status"] = away[row["rank"]]
+    return view
 
 
 def _label(row: dict[str, Any]) -> str:

@@ -17,6 +17,8 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from monarch_nb.telemetry import ft_feed
+
 logger = logging.getLogger(__name__)
 
 TOPIC = "monarch-metrics"
@@ -86,6 +88,7 @@ class Store:
         self.ranks: dict[Any, RankStore] = {}
         # recorders of workers that left (a batch may still be on its way): theirs are dropped
         self._left: deque = deque(maxlen=MAX_RANKS)
+        self.ft: dict[str, Any] | None = None  # the kernel's latest fault-tolerance feed
 
     def retire(self, ranks) -> None:
         """Ranks that left the cluster (``%monarch scale``): no longer shown, their samples
@@ -165,11 +168,14 @@ class Store:
                 dropped=rs.dropped,
             )
             ranks.append(entry)
-        return {
+        out = {
             "time": time.time(),
             "limits": {"scalar_rows": self.scalar_rows, "sample_rows": self.sample_rows},
             "ranks": ranks,
         }
+        if self.ft is not None:  # a cluster started with --ft (ft_feed.py)
+            out["ft"] = self.ft
+        return out
 
 
 def _from(rows: list, t: float) -> list:
@@ -206,15 +212,18 @@ class MetricsStore(SchedulerPlugin):
     def start(self, scheduler) -> None:
         # dask also keeps the last `low-level-log-length` (1000) events of every topic; our
         # batches can be large, so keep only a few there: the data lives in self.store.
-        try:
-            topic = scheduler._broker._topics[TOPIC]
-            topic.events = deque(topic.events, maxlen=BROKER_KEEP)
-        except (AttributeError, KeyError, TypeError):
-            logger.info("metrics: cannot shorten dask's event log for %s", TOPIC)
+        for name in (TOPIC, ft_feed.TOPIC):
+            try:
+                topic = scheduler._broker._topics[name]
+                topic.events = deque(topic.events, maxlen=BROKER_KEEP)
+            except (AttributeError, KeyError, TypeError):
+                logger.info("metrics: cannot shorten dask's event log for %s", name)
 
     def log_event(self, topic: str, msg: Any) -> None:
         if topic == TOPIC and isinstance(msg, Mapping):
             self.store.add(msg)
+        elif topic == ft_feed.TOPIC and isinstance(msg, Mapping):
+            self.store.ft = ft_feed.bounded(msg) or self.store.ft
 
 
 def metrics_snapshot(

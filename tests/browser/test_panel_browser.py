@@ -22,6 +22,41 @@ for step in range(80):
     monarch_nb.log(step=step, loss=2.0 * math.exp(-step / (10 + 10 * rank)) + 0.02 * rank)
     time.sleep(0.1)
 """
+# A cluster started with --ft, faked (no torchft here): what controller/healing.py records, written
+# by a thread of the kernel as the ranks' steps go by: rank 1 lost at step 104, its replacement
+# joining at 118, healing at 122, back at 125
+FAKE_FT = """\
+import threading, time, types
+import monarch_nb
+ctl = monarch_nb.current()
+ctl.ft = types.SimpleNamespace(address="fake", alive=True, close=lambda: None)
+MARKS = {104: ("lost", 1), 118: ("joining", None), 122: ("healing", 1), 125: ("back", 2)}
+
+def fake_ft():
+    seen, deadline = 99, time.monotonic() + 120
+    while seen < 132 and time.monotonic() < deadline:
+        step = (ctl.metrics.latest().get(0) or {}).get("step") or 0
+        for s in range(seen + 1, step + 1):
+            ctl.ft_steps.append((time.time(), s, 1 if 104 <= s < 125 else 2))
+            if s in MARKS:
+                event, n = MARKS[s]
+                at = None if event == "joining" else s
+                ctl.ft_events.append(
+                    {"time": time.time(), "rank": 1, "event": event, "step": at, "participants": n}
+                )
+        seen = max(seen, step)
+        time.sleep(0.05)
+
+threading.Thread(target=fake_ft, daemon=True).start()
+"""
+FT_TRAIN = """\
+%%monarch
+import math, time
+import monarch_nb
+for step in range(100, 133):
+    monarch_nb.log(step=step, loss=2.0 * math.exp(-(step - 100) / (10 + 10 * rank)) + 0.02 * rank)
+    time.sleep(0.1)
+"""
 BROKEN = ("Error displaying widget", "model not found", "Javascript Error", "Failed to create")
 
 # the cell's output as the page shows it: the panel's picture, and whether a widget holds it
@@ -99,6 +134,7 @@ def test_the_panel_is_live_then_frozen_and_the_saved_notebook_shows_its_picture(
             page = browser.new_page(viewport={"width": 1300, "height": 1000})
             errors: list[str] = []
             page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("console", lambda m: m.type == "error" and errors.append(m.text))
             open_notebook(page, lab)
             up = run_cell(page, "%load_ext monarch_nb\n%monarch up --workers 2 --cpu --no-dist")
             shown = wait_output(page, up, "!o.running && o.text.includes('2 ranks')", 180)
@@ -135,6 +171,19 @@ def test_the_panel_is_live_then_frozen_and_the_saved_notebook_shows_its_picture(
             reopened = wait_output(page, index, "o.svg", 60)
             assert not reopened["widget"] and not any(t in reopened["text"] for t in BROKEN)
             shot(page, index, "panel-reopened.png")
+
+            # on a cluster started with --ft: a rank's way back, the participants per step
+            fake = run_cell(page, FAKE_FT)
+            wait_output(page, fake, "!o.running", 60)
+            ft = run_cell(page, FT_TRAIN)
+            wait_output(page, ft, "o.widget && o.text.includes('lost at step 104')", 120)
+            shot(page, ft, "panel-ft-live.png")
+            ended = wait_output(page, ft, "!o.running && o.svg && !o.widget", 120)
+            assert "participants per step" in ended["text"], ended["text"]
+            assert "rank 1 back at step 125" in ended["text"], ended["text"]
+            assert not any(t in ended["text"] for t in BROKEN)
+            shot(page, ft, "panel-ft-frozen.png")
+            wait_output(page, run_cell(page, "monarch_nb.current().ft = None"), "!o.running", 30)
 
             # %monarch dashboard: live until the cluster goes down, then its last picture
             dash = run_cell(page, "%monarch dashboard")

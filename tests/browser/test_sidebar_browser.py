@@ -30,6 +30,27 @@ monarch_nb.label(stage=f"s{rank}")  # a pipeline stage's name, shown under the r
 for step in range(40):
     monarch_nb.log(step=step, loss=2.0 * math.exp(-step / (8 + 8 * rank)))
 """
+# What the live panel of a fault-tolerant cell publishes (telemetry/ft_feed.py), here written by
+# hand: rank 1 lost at step 15 of the 40, its replacement healing from rank 0 at step 36
+PUBLISH_FT = """\
+import time
+from monarch_nb.telemetry import ft_feed
+now = time.time()
+events = [
+    {"time": now - 3, "rank": 1, "event": "lost", "step": 15, "participants": 1},
+    {"time": now - 2, "rank": 1, "event": "joining", "step": None, "participants": None},
+    {"time": now - 1, "rank": 1, "event": "healing", "step": 36, "participants": 1},
+]
+ft_feed.publish(monarch_nb.current().client, {
+    "world": 2, "participants": [[0, 2], [15, 1], [39, 1]], "lost": [[15, 1]],
+    "events": events, "away": [{"rank": 1, "state": "healing", "step": 36}], "back": [],
+})
+"""
+# the x of the loss plot and of the participants plot under it, in the page
+PLOTS_X = """() => ['.monarch-loss-plot', '.monarch-ft-plot'].map(s => {
+  const b = document.querySelector('#monarch-sidebar ' + s).getBoundingClientRect();
+  return [b.x, b.width];
+})"""
 
 
 class Kernel:
@@ -114,6 +135,9 @@ def test_the_sidebar_lists_the_cluster_with_a_bar_per_rank_and_a_loss_line(lab, 
     ARTIFACTS.mkdir(exist_ok=True)
     with chromium() as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("console", lambda m: m.type == "error" and errors.append(m.text))
         page.goto(f"{lab.url}/lab?token={lab.token}")
         tab = page.locator('.jp-SideBar [data-id="monarch-sidebar"]')
         expect(tab).to_be_visible(timeout=60_000)
@@ -137,7 +161,29 @@ def test_the_sidebar_lists_the_cluster_with_a_bar_per_rank_and_a_loss_line(lab, 
         labels = sidebar.locator(".monarch-RankTable .monarch-rank-labels")
         expect(labels).to_have_text(["stage=s0", "stage=s1"], timeout=30_000)
         expect(sidebar.locator(".monarch-RankTable")).to_contain_text("running")
+        expect(sidebar.locator(".monarch-ParticipantsChart")).to_be_hidden()  # no --ft
         page.screenshot(path=str(ARTIFACTS / "sidebar.png"))
+
+        # a fault-tolerant cell's rank on its way back: its state in the table, the loss's
+        # mark at the step it was lost, the participants per step under the loss, on its steps
+        kernel.run(PUBLISH_FT)
+        state = sidebar.locator('.monarch-RankTable tr[data-rank="1"] .monarch-state')
+        expect(state).to_have_text("healing", timeout=30_000)
+        expect(sidebar.locator(".monarch-loss-plot .monarch-ft-mark")).to_have_count(1)
+        expect(sidebar.locator(".monarch-ParticipantsChart")).to_be_visible()
+        expect(sidebar.locator(".monarch-ft-fewer")).to_have_count(1)
+        expect(sidebar.locator(".monarch-ft-event")).to_have_text(
+            [
+                "rank 1 lost at step 15; 1 of 2 go on",
+                "rank 1 joining: its replacement runs the setup cells",
+                "rank 1 healing from a peer at step 36",
+            ]
+        )
+        loss_x, ft_x = page.evaluate(PLOTS_X)
+        assert loss_x == pytest.approx(ft_x, abs=1), (loss_x, ft_x)
+        sidebar.locator(".monarch-ParticipantsChart").scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "sidebar-ft.png"))
+        assert not errors, errors
 
         # the dashboard page, through the server's proxy, in a main-area tab
         sidebar.locator(".monarch-button-dashboard").click()
