@@ -209,8 +209,12 @@ def replace(
                 try:
                     open_links(ctl, [info])
                 except Exception as e:
+                    # gone as it attached (killed again, say): the nanny starts another, which
+                    # is waited for in its turn, within the same deadline
                     ctl._notice(f"rank {rank}: its replacement could not attach: {e}")
-                    return False
+                    info.alive = False
+                    old = info
+                    continue
             healing = rank in ctl.healing_ranks  # a fault-tolerant cell takes it back (healing.py)
             if not healing:
                 ctl._notice(
@@ -225,6 +229,8 @@ def replace(
                     ctl._form_group()
                 except CellError:  # another rank is lost too: formed once it is back
                     ctl.regroup_pending = f"rank {rank} was replaced while another was lost"
+                except ClusterError:  # the cluster went down meanwhile
+                    return False
                 if ctl.dist_backend:
                     ctl._notice(f"the {ctl.dist_backend} process group was formed again")
             code_sync.resend(ctl, [rank])

@@ -123,6 +123,9 @@ class Healing:
                         self._end(rank, f"no replacement worker joined within {REPLACE_TIMEOUT} s")
                     return
                 time.sleep(0.05)
+            with self._lock:
+                if self._turns[rank] != turn:
+                    return  # lost again as it attached: the next turn brings it back
             if not self.given_up:
                 with self._lock:
                     self.away[rank] = "joining"
@@ -151,6 +154,14 @@ class Healing:
             link = ctl._links.get(rank)
             if link is None or rank not in self.req.remaining:
                 return
+            with self._lock:
+                others = [r for r in self.req.ranks if r != rank and r not in self.away]
+                floor = max((self.steps.get(r, 0) for r in others), default=0)
+                pending = [r for r in self.req.ranks if r not in self.finished]
+            # where its first quorum must heal it to, before the cell (on the control comm,
+            # which it reads at once; the cell waits behind its --setup cells and ft.wrap)
+            told = {"op": "ft", "id": self.req.id, "ranks": pending, "at_least": floor}
+            ctl._loop.call_soon_threadsafe(link.control, told)
             link.send({**self.msg, "id": self.req.id})  # the cell, as the others run it
         finally:
             with self._lock:

@@ -138,7 +138,7 @@ class Engine:
         elif msg["op"] == "stacks":  # %monarch stacks: this thread may be blocked in C
             rank_stacks.answer(self, channel, msg)
         elif msg["op"] == "ft":  # which ranks a fault-tolerant cell still waits for
-            rank_ft.pending(msg["id"], msg["ranks"], msg.get("lost", False))
+            rank_ft.told(msg)
 
     def _interrupt_msg(self, m: dict[str, Any]) -> None:
         self.interrupt(m.get("target"), m.get("sent"), m.get("key"), m.get("release"), m.get("cut"))

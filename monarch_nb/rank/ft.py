@@ -15,23 +15,22 @@ replacement, once the notebook has run the ``--setup`` cells and this cell on it
 live peer (model, optimizer, step) at its first quorum and finishes the loop with them
 (dispatch/healing.py). Each rank tells the notebook its committed steps and quorum as it goes.
 
-In the notebook, ``ft.history()`` is what happened: every loss, join, heal and return.
+In the notebook, ``ft.history()`` is what happened: every loss, join, heal and return;
+``ft.quorum()`` the last quorum the ranks reported.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import socket
 import threading
 import time
-import warnings
 from datetime import timedelta
 from typing import Any
 
 from monarch_nb.errors import ClusterError, current
-from monarch_nb.rank import release
+from monarch_nb.rank import ft_torch, release
 from monarch_nb.rank.capture import current_capture
 
 LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"  # set on every rank of a cluster started with --ft
@@ -43,6 +42,7 @@ REPORT_EVERY = 0.1  # seconds between two reports of an unchanged quorum to the 
 LINGER = 180.0  # the longest a rank whose loop is done waits for a replacement to heal from it
 
 _pending: dict[str, set[int]] = {}  # cell id -> its ranks yet to finish the loop (the notebook's)
+_floor: dict[str, int] = {}  # cell id -> the step a replacement's first quorum must reach
 
 _state: _Wrapped | None = None  # this rank's wrapped model, optimizer and Manager
 
@@ -79,7 +79,7 @@ def wrap(model, optimizer, *, min_replicas: int = 1, timeout: float = 10.0, **ma
             "ft.wrap takes a plain model (one replica group per rank); a model sharded with "
             "fully_shard is not supported yet"
         )
-    torchft, ddp = _torchft()
+    torchft, ddp = ft_torch.load()
     step = None
     if _state is not None:
         if model is _state.model:  # the cell again (after Ctrl-C, a new Lighthouse): its
@@ -96,7 +96,9 @@ def wrap(model, optimizer, *, min_replicas: int = 1, timeout: float = 10.0, **ma
     host = _host()
     store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
     step_timeout = timedelta(seconds=timeout)
-    pg = (torchft.ProcessGroupNCCL if on_gpu else _gloo(torchft))(timeout=step_timeout)
+    pg = (torchft.ProcessGroupNCCL if on_gpu else ft_torch.gloo_group(torchft))(
+        timeout=step_timeout
+    )
 
     def state_dict() -> dict[str, Any]:
         return {"model": model.state_dict(), "optim": optimizer.state_dict()}
@@ -129,7 +131,7 @@ def wrap(model, optimizer, *, min_replicas: int = 1, timeout: float = 10.0, **ma
     if step is not None:
         manager.load_state_dict(step)
     wrapped = _Wrapped(manager, ddp(manager, model), None)
-    wrapped.optimizer = _optimizer_class(torchft)(wrapped, optimizer)
+    wrapped.optimizer = ft_torch.optimizer_class(torchft)(wrapped, optimizer)
     _state = wrapped
     return wrapped.model, wrapped.optimizer
 
@@ -155,6 +157,7 @@ def _steps(state: _Wrapped, n: int):
         state.quorum_started = True
         if first:
             first = False
+            _reach_floor(manager)
             reporter.report(force=True)
             if manager.current_step() >= n:
                 break
@@ -169,6 +172,24 @@ def _steps(state: _Wrapped, n: int):
     reporter.report(force=True, done=True)
     cap = current_capture()
     _linger(manager, cap[1] if cap is not None else None)
+
+
+def _reach_floor(manager) -> None:
+    """A replacement's first quorum must heal it to the step the others were at when it came
+    back: a quorum of replacements alone (the only rank that holds the state busy elsewhere, or
+    slow to ask) would start them from step 0. Quorums are asked again until one with that rank
+    heals them, for up to ``LINGER`` seconds."""
+    cap = current_capture()
+    floor = _floor.get(cap[1]) if cap is not None else None
+    deadline = time.monotonic() + LINGER
+    while floor is not None and manager.current_step() < floor:
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"ft.steps: no quorum healed this replacement to step {floor}, where the others "
+                f"were, within {LINGER:.0f} s"
+            )
+        time.sleep(0.1)
+        _quorum(manager, wait=True)
 
 
 def _linger(manager, cell_id: str | None) -> None:
@@ -194,15 +215,19 @@ def _in_quorum(manager) -> set[int]:
     return set(getattr(manager._pg, "_global_ranks", None) or ())
 
 
-def pending(cell_id: str, ranks, lost: bool = False) -> None:
-    """From the notebook, on the worker's event loop: the ranks of cell ``cell_id`` that have
-    not finished its loop (healing.py). ``lost``: one was just lost, and this rank's torchft
-    groups are cut (rank/release.py), so that a collective waiting on a peer that waits on the
-    lost one fails now, not when the next quorum forms without this rank (the Lighthouse's
-    join timeout, 5 s)."""
+def told(msg: dict) -> None:
+    """From the notebook, on the worker's event loop (healing.py): the ranks of cell
+    ``msg["id"]`` that have not finished its loop; ``lost``: one was just lost, and this rank's
+    torchft groups are cut (rank/release.py), so that a collective waiting on a peer that waits
+    on the lost one fails now, not when the next quorum forms without this rank (the
+    Lighthouse's join timeout, 5 s); ``at_least``, to a replacement: the step the others are at,
+    which its first quorum must heal it to."""
     _pending.clear()  # one cell at a time
-    _pending[cell_id] = set(ranks)
-    if lost:
+    _pending[msg["id"]] = set(msg["ranks"])
+    if msg.get("at_least") is not None:
+        _floor.clear()
+        _floor[msg["id"]] = msg["at_least"]
+    if msg.get("lost"):
         release.cut(ft=True)
 
 
@@ -214,6 +239,15 @@ def history():
     if ctl is None:
         raise ClusterError("no cluster: %monarch up --ft starts one")
     return [dict(e) for e in ctl.ft_events]
+
+
+def quorum() -> dict:
+    """In the notebook: the last quorum the ranks reported, ``{"quorum": id, "participants":
+    n, "step": committed steps, "ranks": [...]}`` (empty before any ``ft.steps`` loop)."""
+    ctl = current()
+    if ctl is None:
+        raise ClusterError("no cluster: %monarch up --ft starts one")
+    return dict(ctl.ft_quorum)
 
 
 def manager():
@@ -258,35 +292,13 @@ class _Reporter:
         )
 
 
-def await_quorum(manager) -> None:
-    """Wait for the step's quorum in steps of 0.1 s: an interrupt (Ctrl-C, another rank's
-    failure) lands within one, where torchft's own wait (a lock's) would hold it until the
-    quorum's timeout."""
-    future = manager._quorum_future
-    while future is not None and not future.done():
-        with contextlib.suppress(TimeoutError):
-            future.result(timeout=0.1)
-
-
-def _gloo(torchft):
-    class ProcessGroupGloo(torchft.ProcessGroupGloo):
-        """torchft's gloo group, whose connections are recorded as it forms at each new quorum,
-        so that a release cuts them (rank/release.py) as it cuts the cluster's own groups'."""
-
-        def _create_pg(self, store, rank, world_size):
-            with release.recorded(ft=True):
-                return super()._create_pg(store, rank, world_size)
-
-    return ProcessGroupGloo
-
-
 def _quorum(manager, wait: bool) -> None:
     """Start this step's quorum (and wait for it: a replacement heals in its first), saying in
     one line why it could not be had."""
     try:
         manager.start_quorum()
         if wait:
-            await_quorum(manager)
+            ft_torch.await_quorum(manager)
             manager.wait_quorum()
             if manager._healing:
                 # A replacement's first quorum healed it: its state is applied now, as torchft
@@ -301,120 +313,6 @@ def _quorum(manager, wait: bool) -> None:
             f"{os.environ.get(LIGHTHOUSE)} is gone or too few ranks are left; %monarch status "
             "says which"
         ) from None
-
-
-def _optimizer_class(torchft):
-    class Optimizer(torchft.Optimizer):
-        """torchft's Optimizer, whose zero_grad starts no second quorum in a step that
-        ft.steps started one for."""
-
-        def __init__(self, state: _Wrapped, optim):
-            super().__init__(state.manager, optim)
-            self._monarch_state = state
-
-        def zero_grad(self, set_to_none: bool = True) -> None:
-            state = self._monarch_state
-            if state.quorum_started:
-                state.quorum_started = False
-                self.optim.zero_grad(set_to_none)
-            else:
-                super().zero_grad(set_to_none)
-
-        def step(self, closure=None) -> None:
-            self._monarch_state.quorum_started = False
-            self._monarch_state.stepped += 1
-            await_quorum(self.manager)
-            super().step(closure)
-
-    return Optimizer
-
-
-def _torchft():
-    """torchft, quietened (its Rust servers log every quorum at INFO, its checkpoint server
-    every request), and the DistributedDataParallel this module wraps models in."""
-    os.environ.setdefault("RUST_LOG", "warn")
-    try:
-        import torchft
-        from torchft import ddp
-    except ImportError as e:
-        raise ClusterError(
-            f"torchft cannot be imported on this rank ({e}): pip install torchft, or make lab / "
-            "make test, which install it"
-        ) from None
-    for name in ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    warnings.filterwarnings("ignore", message="The given buffer is not writable")
-    _quiet_checkpoint_server()
-    _spend_reducer_warning(ddp)
-
-    class DistributedDataParallel(ddp.DistributedDataParallel):
-        """torchft's DDP whose gradient hook never raises: an allreduce that failed (a peer
-        died) is reported to the Manager, which then does not commit the step, instead of
-        failing the backward pass on every survivor as the underlying future would."""
-
-        @staticmethod
-        def _comm_hook(state, bucket):
-            import torch
-
-            await_quorum(state)
-            work = state.allreduce(bucket.buffer())
-            work.wait()  # a failure is the Manager's now: should_commit says no
-            fut = torch.futures.Future()
-            fut.set_result(bucket.buffer())
-            return fut
-
-    return torchft, DistributedDataParallel
-
-
-def _quiet_checkpoint_server() -> None:
-    """torchft's checkpoint server logs every request a healing peer makes on stderr, which
-    is the cell's output: its successful requests are not logged (its errors still are)."""
-    from torchft import http
-
-    server = http._IPv6HTTPServer
-    if getattr(server, "_monarch_quiet", False):
-        return
-    init = server.__init__
-
-    def quiet_init(self, address, handler, *args, **kwargs):
-        handler.log_request = lambda self, code="-", size="-": None
-        init(self, address, handler, *args, **kwargs)
-
-    server.__init__ = quiet_init
-    server._monarch_quiet = True
-
-
-_reducer_warned = False
-
-
-def _spend_reducer_warning(ddp) -> None:
-    """torchft's DDP sets ``find_unused_parameters`` (its buckets must never be rebuilt), and
-    torch's reducer then warns, once per process and from C++ straight to fd 2 (the cell's
-    output), that no parameter went unused. It is spent here on a model of one parameter, with
-    fd 2 pointed at /dev/null for that moment."""
-    global _reducer_warned
-    if _reducer_warned:
-        return
-    _reducer_warned = True
-    import torch
-    from torch.nn import parallel
-    from torchft.process_group import ProcessGroupDummy
-
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        model = parallel.DistributedDataParallel(
-            torch.nn.Linear(1, 1),
-            process_group=ProcessGroupDummy(0, 1),
-            find_unused_parameters=True,
-        )
-        model(torch.ones(1, 1)).sum().backward()
-    except Exception:
-        pass  # only a warning was at stake
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
 
 
 def _sharded(model) -> bool:
