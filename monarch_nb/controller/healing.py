@@ -43,6 +43,7 @@ class Healing:
         self._turns: dict[int, int] = {}  # rank -> how many times it was lost in this cell
         self._lock = threading.Lock()
         req.on_lost, req.on_ft = self.on_lost, self.on_ft
+        self._tell()  # which ranks the loop's first quorum waits for (rank/ft.py)
 
     # -- on the event loop ---------------------------------------------------------------------
     def on_ft(self, rank: int, ev: dict[str, Any]) -> None:

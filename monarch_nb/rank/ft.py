@@ -40,6 +40,7 @@ NOT_FT = (
 )
 REPORT_EVERY = 0.1  # seconds between two reports of an unchanged quorum to the notebook
 LINGER = 180.0  # the longest a rank whose loop is done waits for a replacement to heal from it
+GATHER = 30.0  # the longest a loop's first quorum waits for the cell's other ranks
 
 _pending: dict[str, set[int]] = {}  # cell id -> its ranks yet to finish the loop (the notebook's)
 _floor: dict[str, int] = {}  # cell id -> the step a replacement's first quorum must reach
@@ -75,9 +76,9 @@ def wrap(model, optimizer, *, min_replicas: int = 1, timeout: float = 10.0, **ma
             f"step could ever commit; give at most {world}"
         )
     if _sharded(model):
-        raise NotImplementedError(
+        raise ValueError(
             "ft.wrap takes a plain model (one replica group per rank); a model sharded with "
-            "fully_shard is not supported yet"
+            "fully_shard (HSDP) is not supported yet"
         )
     torchft, ddp = ft_torch.load()
     step = None
@@ -180,15 +181,33 @@ def _reach_floor(manager) -> None:
     slow to ask) would start them from step 0. Quorums are asked again until one with that rank
     heals them, for up to ``LINGER`` seconds."""
     cap = current_capture()
-    floor = _floor.get(cap[1]) if cap is not None else None
+    cell_id = cap[1] if cap is not None else None
+    floor = _floor.get(cell_id)
+    if floor is None:
+        _gather(manager, cell_id)
+        return
     deadline = time.monotonic() + LINGER
-    while floor is not None and manager.current_step() < floor:
+    while manager.current_step() < floor:
         if time.monotonic() > deadline:
             raise RuntimeError(
                 f"ft.steps: no quorum healed this replacement to step {floor}, where the others "
                 f"were, within {LINGER:.0f} s"
             )
         time.sleep(0.1)
+        _quorum(manager, wait=True)
+
+
+def _gather(manager, cell_id: str | None) -> None:
+    """The loop's first quorum waits for every rank of the cell (for up to ``GATHER``
+    seconds): torchft forms one with whichever Managers heartbeat, so the first rank to get
+    there would otherwise take its first steps alone while the others import torchft."""
+    me, deadline = _rank(), time.monotonic() + GATHER
+    while time.monotonic() < deadline:
+        told = _pending.get(cell_id)
+        want = set(range(_world_size())) if told is None else told
+        if not want - {me} - _in_quorum(manager):
+            return
+        time.sleep(0.05)
         _quorum(manager, wait=True)
 
 
