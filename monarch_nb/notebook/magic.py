@@ -85,10 +85,17 @@ class MonarchMagics(Magics):
             In [5]: %monarch status
             In [6]: %monarch down
 
-        Commands: up, attach, detach, actors, connect, run, status, down, restart, scale, mesh,
-        auto, metrics, dashboard, plot, reset, interrupt, stacks, debug, push, pull, scatter,
-        gather, sync, autoreload (``%monarch -h`` says what each does, ``%monarch COMMAND -h``
-        shows its options).
+        Commands: up, attach, detach, actors, connect, run, status, down, restart, scale, kill,
+        mesh, auto, metrics, dashboard, plot, reset, interrupt, stacks, debug, push, pull,
+        scatter, gather, sync, autoreload (``%monarch -h`` says what each does, ``%monarch
+        COMMAND -h`` shows its options).
+
+        Training that goes on through a lost rank (torchft; docs/training.md)::
+
+            In [1]: %monarch up --ft           # starts torchft's Lighthouse too
+            In [2]: %%monarch --setup          # imports, model, data: run again on new ranks
+            In [3]: %%monarch                  # ft.wrap(model, opt); for step in ft.steps(n)
+            In [4]: %monarch kill 1            # SIGKILL rank 1's worker: the loop goes on
 
         A cluster that outlives the kernel (a restart, a crash)::
 
@@ -97,7 +104,7 @@ class MonarchMagics(Magics):
             In [3]: %monarch attach            # the ranks' namespaces are as they were
 
         Cell magic (``%%monarch [--targets SPEC] [--noblock] [--out NAME] [--no-stream]
-        [--no-collapse] [--timeout S] [--local]``; ``%%monarch -h`` explains them)::
+        [--no-collapse] [--timeout S] [--local] [--setup]``; ``%%monarch -h`` explains them)::
 
             In [7]: %%monarch
                ...: import torch
