@@ -94,7 +94,9 @@ def _save(dist, root: Path, model, optimizer, step, extra, keep) -> str:
     partial = root / f".{final.name}.partial-{answers[0][2]}"
     try:
         for old in root.glob(".step-*") if rank == 0 else ():
-            shutil.rmtree(old, ignore_errors=True)  # left by saves that failed: none is under way
+            # left by saves that failed; this save's own, which the others may be writing, stays
+            if old != partial:
+                shutil.rmtree(old, ignore_errors=True)
         import torch.distributed.checkpoint as dcp
 
         try:
