@@ -115,6 +115,7 @@ class Lighthouse:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self.proc.stdout.close()
 
 
 def _quiet_env() -> dict[str, str]:
@@ -141,6 +142,7 @@ def renew(ctl) -> None:
     old = ctl.ft
     if old is None or old.alive:
         return
+    old.close()  # its pipe
     beacon = Lighthouse()
     beacon.watch(lambda b: exited(ctl, b))
     ctl.ft = beacon
