@@ -22,7 +22,7 @@ one that shuts down also removes its lock file. An entry::
      "devices": "2 cpu", "started": 1764467000.5, "pid": 4242, "pid_started": 1764466990.1,
      "idle_limit": 7200.0, "dist": true, "group": ["host", 4242, 4242], "tls": null,
      "holder": {"kernel": "9d1e...", "notebook": "train.ipynb", "since": 1764467003.0},
-     "detached_since": null}
+     "detached_since": null, "ft": null}
 
 Its address and token let whoever reads it drive the ranks, so nothing read back is trusted
 until checked, as strictly as the registry's entries (registry.py): the directory and the file
@@ -233,7 +233,24 @@ def parse(data: bytes, cluster_id: str) -> dict[str, Any]:
         "tls": _tls(raw.get("tls")),
         "holder": _holder(raw.get("holder")),
         "detached_since": detached,
+        "ft": _ft(raw.get("ft")),
     }
+
+
+def _ft(value: Any) -> dict[str, Any] | None:
+    """--ft: where the cluster's Lighthouse listens, and its pid (a child of the host)."""
+    if value is None:
+        return None
+    if not (
+        isinstance(value, dict)
+        and set(value) == {"address", "pid"}
+        and _text(value["address"], 300)
+        and re.fullmatch(r"http://[^\s/]+:\d{1,5}", value["address"])
+        and _count(value["pid"])
+        and value["pid"] > 0
+    ):
+        raise ValueError("ft is not {address: http://HOST:PORT, pid}")
+    return {"address": value["address"], "pid": value["pid"]}
 
 
 def check_host(entry: dict[str, Any]) -> None:

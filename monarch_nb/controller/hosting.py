@@ -139,7 +139,15 @@ class Host:
     """A host process being started: wait with ``ready()``, stop with ``stop()``."""
 
     def __init__(
-        self, plans, threads: int, tls: bool, idle: float, name: str, claim: int, dist: bool
+        self,
+        plans,
+        threads: int,
+        tls: bool,
+        idle: float,
+        name: str,
+        claim: int,
+        dist: bool,
+        ft: bool = False,
     ):
         """``claim``: the descriptor holding ``name`` (``claim_name``), which the host inherits
         and keeps open for as long as it runs; the caller closes its own."""
@@ -156,6 +164,7 @@ class Host:
             "dist": dist,
             "devices": devices(plans),
             "claim_fd": claim,
+            "ft": ft,
         }
         fd = os.open(folder / f"{self.id}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._ready, ready_w = os.pipe()

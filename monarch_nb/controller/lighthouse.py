@@ -4,7 +4,9 @@ of ours).
 
 It runs as a child of the kernel (``python -c BOOT``), not as a thread of it: a kernel's Ctrl-C
 or a hung cell never stops it, it can be watched and stopped as a process, and it ends with the
-kernel (it exits when its stdin, a pipe from the kernel, closes).
+kernel (it exits when its stdin, a pipe from the kernel, closes). A kept cluster's is a child of
+its host process instead (host/main.py), so that it outlives the kernel as the workers do; a
+kernel attached to it sees it as ``Kept``.
 """
 
 from __future__ import annotations
@@ -106,6 +108,10 @@ class Lighthouse:
     def pid(self) -> int:
         return self.proc.pid
 
+    def successor(self) -> Lighthouse:
+        """A new one, where this one exited."""
+        return Lighthouse()
+
     def close(self) -> None:
         self.closing = True
         with contextlib.suppress(OSError):
@@ -118,10 +124,66 @@ class Lighthouse:
         self.proc.stdout.close()
 
 
+class Kept:
+    """The Lighthouse of a kept cluster, as a kernel attached to it sees it: a child of the
+    cluster's host process (host/main.py), which starts it with the cluster, starts another where
+    it exits, and stops it at ``down``; its address and pid are in the kept-cluster file."""
+
+    POLL = 0.25  # seconds between two looks at whether it still runs
+
+    def __init__(self, entry: dict):
+        self.entry = entry
+        self.address, self.pid = entry["ft"]["address"], entry["ft"]["pid"]
+        self.closing = False
+
+    @property
+    def alive(self) -> bool:
+        import psutil
+
+        try:
+            return psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def watch(self, on_exit) -> None:
+        def wait() -> None:
+            while not self.closing and self.alive:
+                time.sleep(self.POLL)
+            if not self.closing:
+                on_exit(self)
+
+        threading.Thread(target=wait, daemon=True, name="monarch-lighthouse").start()
+
+    def close(self) -> None:
+        """Stop watching: the host, not this kernel, stops it."""
+        self.closing = True
+
+    def successor(self) -> Kept:
+        """The one the host started in its place (within ``START_TIMEOUT``)."""
+        from monarch_nb import kept
+        from monarch_nb.errors import ClusterError
+
+        self.close()
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                entry = kept.load(self.entry["id"])
+                if entry and entry.get("ft") and entry["ft"]["pid"] != self.pid:
+                    beacon = Kept(entry)
+                    if beacon.alive:
+                        return beacon
+            time.sleep(0.1)
+        raise ClusterError(
+            f"the kept cluster's host started no new Lighthouse within {START_TIMEOUT:.0f} s "
+            f"(its log: {kept.log_path(self.entry['id'])})"
+        )
+
+
 def _quiet_env() -> dict[str, str]:
     import os
 
-    return {**os.environ, "RUST_LOG": "warn"}
+    # one thread for its async runtime, as each rank's Manager has (rank/ft_torch.py says why)
+    return {**os.environ, "RUST_LOG": "warn", "TOKIO_WORKER_THREADS": "1"}
 
 
 def exited(ctl, beacon: Lighthouse) -> None:
@@ -143,7 +205,7 @@ def renew(ctl) -> None:
     if old is None or old.alive:
         return
     old.close()  # its pipe
-    beacon = Lighthouse()
+    beacon = old.successor()
     beacon.watch(lambda b: exited(ctl, b))
     ctl.ft = beacon
     ctl.rank_env["TORCHFT_LIGHTHOUSE"] = beacon.address

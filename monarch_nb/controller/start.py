@@ -103,11 +103,6 @@ def up(
     idle = hosting.idle_limit(keep)
     if idle is None and name is not None:
         raise ValueError("--name names a kept cluster: add --keep (keep=True)")
-    if ft and idle is not None:
-        raise ValueError(
-            "--ft and --keep together are not supported yet: the Lighthouse would end with this "
-            "kernel; use one of them"
-        )
     if ft:
         lighthouse.check_installed()
     asked = device_mesh.text(shape) if shape and workers is None else None  # the mesh's count
@@ -120,7 +115,7 @@ def up(
             clusters.detect_gpus(), workers=workers, cpu=cpu, threads=threads, mesh=asked
         )
         if idle is not None:
-            ctl = _up_kept(plans, threads, tls, idle, name, dist, backend, shape)
+            ctl = _up_kept(plans, threads, tls, idle, name, dist, backend, shape, ft)
             if current:
                 set_current(ctl)
             return ctl
@@ -166,14 +161,15 @@ def _stop(cluster, beacon) -> None:
         beacon.close()
 
 
-def _up_kept(plans, threads, tls, idle, name, dist, backend, shape) -> Controller:
+def _up_kept(plans, threads, tls, idle, name, dist, backend, shape, ft) -> Controller:
     """``up(keep=...)``: the cluster in a host process of its own (controller/hosting.py),
-    which this kernel then attaches to as any other would."""
+    which this kernel then attaches to as any other would; with ``ft``, the host runs its
+    Lighthouse too."""
     name, claim = hosting.claim_name(name, {e["name"] for e in kept.entries()})
     try:
         if tls:
             certificates.check_temporary()  # the one-line refusal, before the host starts
-        host = hosting.Host(plans, threads, tls, idle, name, claim, dist)
+        host = hosting.Host(plans, threads, tls, idle, name, claim, dist, ft)
     except BaseException:
         kept.release_name(claim, name)  # no host: the name is free, its lock file gone
         raise
@@ -252,6 +248,7 @@ def _attach_to(entry: dict, take: bool, backend, mesh) -> Controller:
             backend=backend,
             mesh=mesh,
             kept=entry,
+            ft=lighthouse.Kept(entry) if entry.get("ft") else None,
         )
         lease.watch(ctl)
     except BaseException as e:

@@ -47,6 +47,7 @@ class Lease(SchedulerPlugin):
         self._writing = threading.RLock()  # restore() writes with it held
         self._written: tuple | None = None  # (inode, mtime) of the file as last written
         self._failed = False  # a failure to write is said once, until a write works again
+        self.beacon = None  # --ft: torchft's Lighthouse (controller/lighthouse.py), a child
 
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler

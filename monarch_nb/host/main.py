@@ -63,6 +63,8 @@ def main(ready_fd: int) -> None:
     _tell(ready_fd, {"ok": True})
     say(f"up at {entry['scheduler_address']}: {entry['ranks']} ranks")
     why = _serve(cluster, lease, name, stop)
+    if lease.beacon is not None:
+        lease.beacon.close()
     asked = stop.is_set()  # by a user (SIGTERM, %monarch down), not the idle limit
     why = reason.get("why") or lease.stop_reason or why
     lease.remove_file()  # first: no kernel attaches to a cluster going down
@@ -93,6 +95,7 @@ def _start(spec: dict[str, Any], stop: threading.Event):
     plans = [clusters.WorkerPlan(p["name"], p["env"], p["gpu"]) for p in spec["plans"]]
     security = certificates.temporary_security() if spec["tls"] else None
     cluster = clusters.start_local(plans, threads=spec["threads"], security=security)
+    beacon = None
     try:
         scheduler = cluster.scheduler
         deadline = time.monotonic() + 120
@@ -100,6 +103,7 @@ def _start(spec: dict[str, Any], stop: threading.Event):
             if time.monotonic() > deadline or stop.is_set():
                 raise RuntimeError(f"{len(scheduler.workers)} of {len(plans)} workers started")
             time.sleep(0.05)
+        beacon = _lighthouse() if spec.get("ft") else None
         now = time.time()
         entry = {
             "id": spec["id"],
@@ -118,8 +122,10 @@ def _start(spec: dict[str, Any], stop: threading.Event):
             "tls": _pems(security),
             "holder": None,
             "detached_since": None,
+            "ft": None if beacon is None else {"address": beacon.address, "pid": beacon.pid},
         }
         lease = Lease(entry, stop, cluster, say)
+        lease.beacon = beacon
 
         async def install() -> None:
             await scheduler.register_scheduler_plugin(lease, name=Lease.name, idempotent=False)
@@ -130,8 +136,32 @@ def _start(spec: dict[str, Any], stop: threading.Event):
     except BaseException:
         with contextlib.suppress(Exception):
             cluster.close(timeout=10)
+        if beacon is not None:
+            beacon.close()
         raise
     return cluster, entry, lease
+
+
+def _lighthouse():
+    """torchft's Lighthouse for a cluster kept with ``--ft``: this process's child, so that it
+    outlives the kernel as the workers do (controller/lighthouse.py)."""
+    from monarch_nb.controller import lighthouse
+
+    lighthouse.check_installed()
+    return lighthouse.Lighthouse()
+
+
+def _renew_lighthouse(lease) -> None:
+    """A Lighthouse that exited is started again, and the file says where: the next cell of
+    the kernel attached (or the next to attach) tells the ranks (lighthouse.renew)."""
+    old = lease.beacon
+    if old is None or old.alive:
+        return
+    old.close()
+    lease.beacon = beacon = _lighthouse()
+    lease.entry["ft"] = {"address": beacon.address, "pid": beacon.pid}
+    lease.write_file()
+    say(f"torchft's Lighthouse (pid {old.pid}) exited; a new one runs at {beacon.address}")
 
 
 def registry_started() -> float | None:
@@ -200,6 +230,7 @@ def _serve(cluster, lease, name: Name, stop: threading.Event) -> str:
         try:
             lease.restore()
             name.keep()
+            _renew_lighthouse(lease)
         except Exception as e:  # the cluster matters more than its files
             say(f"keeping its files: {type(e).__name__}: {e}")
         if cluster.scheduler.status.name in ("closing", "closed", "failed"):

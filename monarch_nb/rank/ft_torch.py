@@ -1,7 +1,7 @@
-"""torchft's pieces as monarch_nb.ft uses them on a rank (rank/ft.py): imported quietly, its
-DDP whose gradient hook never raises, its gloo group whose connections a release can cut, its
-Optimizer that starts no second quorum in a step, and a quorum waited for in steps an interrupt
-can land between."""
+"""torchft's pieces as monarch_nb.ft uses them on a rank (rank/ft.py): imported quietly and with
+one thread for its Manager's async runtime, its DDP whose gradient hook never raises, its gloo
+group whose connections a release can cut, its Optimizer that starts no second quorum in a
+step, and a quorum waited for in steps an interrupt can land between."""
 
 from __future__ import annotations
 
@@ -12,6 +12,13 @@ import warnings
 
 from monarch_nb.errors import ClusterError
 from monarch_nb.rank import release
+
+# Threads of the async runtime of each torchft server (a rank's Manager; the Lighthouse's,
+# controller/lighthouse.py, has one too), where torchft would start one per core: they serve a
+# few requests a step. With the ranks already filling the cores it was a little faster: FT-DDP
+# at 0.67-0.70x plain DDP's steps/s against 0.62-0.70x, three runs each (bench_ft.py's first
+# table, 4 ranks on the 2-core VM).
+TOKIO_THREADS = "1"
 
 
 def await_quorum(manager) -> None:
@@ -66,6 +73,7 @@ def load():
     """torchft, quietened (its Rust servers log every quorum at INFO, its checkpoint server
     every request), and the DistributedDataParallel this module wraps models in."""
     os.environ.setdefault("RUST_LOG", "warn")
+    os.environ.setdefault("TOKIO_WORKER_THREADS", TOKIO_THREADS)
     try:
         import torchft
         from torchft import ddp

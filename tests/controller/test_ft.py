@@ -9,11 +9,13 @@ import signal
 import sys
 import threading
 
+import psutil
 import pytest
 from _kernel import CellKernel
 from _wait import wait_for
 
 import monarch_nb
+from monarch_nb import kept
 from monarch_nb.dispatch.results import CellError
 from monarch_nb.errors import ClusterError
 
@@ -222,10 +224,30 @@ def test_ft_where_torchft_cannot_be_imported_says_how_to_install_it(monkeypatch,
     monkeypatch.setitem(sys.modules, "torchft._torchft", None)
     with pytest.raises(ClusterError, match="pip install torchft"):
         monarch_nb.up(workers=1, cpu=True, ft=True, current=False)
-    with pytest.raises(ValueError, match="--ft and --keep together"):
-        monarch_nb.up(workers=1, cpu=True, ft=True, keep=True, current=False)
 
 
 def test_a_setup_cell_runs_on_every_rank(ft_ctl):
     with pytest.raises(ValueError, match="--setup cells run on every rank"):
         ft_ctl.run("x = 1", targets=[0], setup=True)
+
+
+def test_a_kept_cluster_keeps_its_lighthouse_and_the_loop_its_step_from_kernel_to_kernel(runtime):
+    ctl = monarch_nb.up(workers=2, cpu=True, ft=True, keep="10m", name="ft-kept", current=False)
+    host, first = ctl.kept["pid"], ctl.ft.pid
+    try:
+        assert psutil.Process(first).ppid() == host  # the host's child: it outlives the kernel
+        ctl.run(SETUP, setup=True, stream=False)
+        assert [v[0] for v in ctl.run(train(steps=5, pause=0), stream=False).values()] == [4, 4]
+        ctl.detach()
+        assert psutil.pid_exists(first)
+        ctl = monarch_nb.attach("ft-kept", current=False)
+        assert ctl.ft.pid == first
+        assert [v[0] for v in ctl.run(train(steps=9, pause=0), stream=False).values()] == [8, 8]
+        os.kill(first, signal.SIGKILL)  # the host starts another; the next cell tells the ranks
+        assert wait_for(lambda: (kept.load(ctl.kept["id"])["ft"] or {}).get("pid") != first)
+        assert [v[0] for v in ctl.run(train(steps=12, pause=0), stream=False).values()] == [11, 11]
+        second = ctl.ft.pid
+        assert second != first and psutil.Process(second).ppid() == host
+    finally:
+        ctl.down()
+    assert wait_for(lambda: not psutil.pid_exists(host) and not psutil.pid_exists(second))
