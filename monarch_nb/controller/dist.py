@@ -77,6 +77,21 @@ def form_group(ctl, backend: str | None = None, timeout: float | None = None) ->
     return backend
 
 
+def form_part(ctl, ranks: list[int], shape: dict[str, int] | None) -> None:
+    """A process group of ``ranks`` alone, numbered from 0 in their order, and a device mesh of
+    ``shape`` over it in their namespaces: a replica group's replacements, which shard their
+    model over it while the other ranks train on (controller/healing.py). The cluster's own
+    group forms again over every rank before the next cell."""
+    timeout = DEFAULT_TIMEOUT
+    backend = ctl.dist_backend or "gloo"
+    host = master_host(ctl.ranks[ranks[0]].address)
+    port = ctl.call(_open_store, host, len(ranks), timeout, targets=ranks[:1]).item(ranks[0])
+    places = {r: (backend, host, port, timeout, i, len(ranks)) for i, r in enumerate(ranks)}
+    ctl.call(_join, targets=ranks, per_rank=places)
+    if shape:
+        ctl.call(rank_mesh.build, tuple(shape), tuple(shape.values()), targets=ranks)
+
+
 def adopt_group(ctl) -> bool:
     """Take over the process group (and device mesh) the ranks of a kept cluster already have,
     as a notebook attaching to it does: models wrapped in DistributedDataParallel or sharded
@@ -259,6 +274,10 @@ def _form_again(ctl, why: str) -> None:
         again = "wrap models in DistributedDataParallel again"
         if ctl.mesh_shape:
             again += ", shard them again over the new `mesh`"
+        if ctl.ft is not None:  # torchft's DDP has groups of its own
+            again = "models of ft.wrap that are not sharded go on as they are; " + again.replace(
+                "models", "others", 1
+            )
         _say(f"{why}; the {ctl.dist_backend} process group was formed again ({again})")
     else:
         _say(f"the process group could not form again: {ctl.dist_error}")
@@ -329,10 +348,16 @@ def _open_store(engine, host: str, world_size: int, timeout: float) -> int:
     return store.port
 
 
-def _join(engine, backend: str, host: str, port: int, timeout: float) -> None:
+def _join(
+    engine, backend: str, host: str, port: int, timeout: float, place=None, size=None
+) -> None:
+    """Join the default group at this rank's place (``place`` of ``size``: in a part of the
+    ranks, ``form_part``)."""
     import torch.distributed as dist
 
     rank, world_size = engine.identity["rank"], engine.identity["world_size"]
+    if size is not None:
+        rank, world_size = place, size
     _destroy()
     _unpin()
     rank_release.track(port)  # what a failed peer's release cuts (rank/release.py)

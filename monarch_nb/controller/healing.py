@@ -18,12 +18,18 @@ any cell (with the ranks still waiting for a replacement: nobody is left to heal
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from monarch_nb.controller import setup_cells
+from monarch_nb.controller import dist, setup_cells
 from monarch_nb.controller.attach import REPLACE_TIMEOUT
+from monarch_nb.dispatch.targets import format_ranks
+
+# seconds a rank of a sharded model that failed waits for the notebook to notice a lost rank of
+# its group, which broke its collectives (a worker's death is noticed in about 0.05 s)
+PEER_WAIT = 1.0
 
 if TYPE_CHECKING:
     from monarch_nb.controller.controller import Controller
@@ -41,8 +47,14 @@ class Healing:
         self.finished: set[int] = set()  # ranks done with the loop (or given up on)
         self.given_up = False  # no survivor left: the ranks away end as lost
         self._turns: dict[int, int] = {}  # rank -> how many times it was lost in this cell
+        # A sharded model's replica groups (rank/ft_hsdp.py), which are lost and come back as
+        # one: each rank's group, as it reports it; the ranks the notebook killed because their
+        # group lost a rank; and the workers each group's ranks had when they were lost.
+        self.groups: dict[int, list[int]] = {}
+        self.doomed: set[int] = set()
+        self.old: dict[int, Any] = {}
         self._lock = threading.Lock()
-        req.on_lost, req.on_ft = self.on_lost, self.on_ft
+        req.on_lost, req.on_ft, req.on_done = self.on_lost, self.on_ft, self.on_done
         self._tell()  # which ranks the loop's first quorum waits for (rank/ft.py)
 
     # -- on the event loop ---------------------------------------------------------------------
@@ -53,6 +65,7 @@ class Healing:
                 self.finished.add(rank)
             self.training.add(rank)
             self.steps[rank] = ev["step"]
+            self.groups[rank] = list(ev.get("group") or [rank])
             state = self.away.get(rank)
             if state == "joining" and ev["healing"]:
                 self.away[rank] = "healing"
@@ -81,28 +94,46 @@ class Healing:
         with self._lock:
             if self.given_up or rank not in self.training:
                 return False
+            quiet = rank in self.doomed  # killed by the notebook with its group: already said
+            self.doomed.discard(rank)
+            # the others of its replica group go with it (a sharded model's: rank/ft_hsdp.py)
+            partners = [
+                r
+                for r in self.groups.get(rank, [rank])
+                if r != rank and r in self.req.remaining and r not in self.away
+            ]
             others = [r for r in self.req.ranks if r in self.req.remaining and r != rank]
-            survivors = [r for r in others if r not in self.away]
-            if not survivors:
+            survivors = [r for r in others if r not in self.away and r not in partners]
+            if not survivors and not quiet:
                 self.given_up = True
                 waiting = [r for r in self.away if r in self.req.remaining]
             else:
-                step = max(self.steps.get(r, 0) for r in survivors)
-                again = rank in self.away  # its replacement, lost while it rejoined
+                step = max((self.steps.get(r, 0) for r in survivors), default=0)
+                again = rank in self.away and not quiet  # lost while it rejoined
                 self.away[rank] = "lost"
+                for r in partners:
+                    self.away[r] = "lost"
+                    self.doomed.add(r)
                 waiting = None
         if waiting is not None:
+            self._kill(partners)
             for r in waiting:
                 self._end(r, "lost with every other rank of the cell: no live peer to heal from")
             return False
-        who = f"rank {rank}'s replacement" if again else f"rank {rank}"
-        self._say(
-            rank, f"{who} lost at step {step}; {len(survivors)} of {len(self.req.ranks)} go on"
-        )
-        self._record("lost", rank, {"step": step, "participants": len(survivors)})
-        self._tell(lost=True)
+        if not quiet:
+            who = f"rank {rank}'s replacement" if again else f"rank {rank}"
+            group = self.groups.get(rank, [rank])
+            also = f"; its replica group ({format_ranks(group)}) goes with it" if partners else ""
+            self._say(
+                rank,
+                f"{who} lost at step {step}{also}; {len(survivors)} of {len(self.req.ranks)} go on",
+            )
+            for r in [rank, *partners]:
+                self._record("lost", r, {"step": step, "participants": len(survivors)})
+            self._tell(lost=True)
+            self._kill(partners)
         self.ctl.healing_ranks.add(rank)
-        old = self.ctl.ranks[rank]
+        old = self.old[rank] = self.ctl.ranks[rank]
         with self._lock:
             turn = self._turns[rank] = self._turns.get(rank, 0) + 1
         threading.Thread(
@@ -112,6 +143,51 @@ class Healing:
             name=f"monarch-heal-{rank}",
         ).start()
         return True
+
+    def on_done(self, rank: int, ev: dict[str, Any]) -> bool:
+        """Whether a rank's end is taken back (True: it is killed and brought back with its
+        replica group): a rank of a sharded model that failed as a rank of its group was lost
+        (its collectives with that rank broke), which may be noticed up to ``PEER_WAIT`` after."""
+        if ev.get("status") != "error" or ev.get("checked"):
+            return False
+        with self._lock:
+            group = self.groups.get(rank, [rank])
+            if self.given_up or rank not in self.training or len(group) == 1:
+                return False
+        threading.Thread(
+            target=self._fail_or_rejoin, args=(rank, ev), daemon=True, name="monarch-heal-peer"
+        ).start()
+        return True
+
+    def _fail_or_rejoin(self, rank: int, ev: dict[str, Any]) -> None:
+        deadline = time.monotonic() + PEER_WAIT
+        while True:
+            with self._lock:
+                group = self.groups.get(rank, [rank])
+                lost = any(self.away.get(r) == "lost" for r in group if r != rank)
+                if lost and not self.given_up:
+                    self.away[rank] = "lost"
+                    self.doomed.add(rank)
+            if lost and not self.given_up:
+                self._kill([rank])  # its loss brings it back (on_lost)
+                return
+            if time.monotonic() > deadline or self.given_up:
+                break
+            time.sleep(0.02)
+        # a failure of its own: the cell's, as in any cell
+        self.ctl._loop.call_soon_threadsafe(self.ctl._router.deliver, rank, {**ev, "checked": True})
+
+    def _kill(self, ranks: list[int]) -> None:
+        """SIGKILL the workers of ``ranks``, from a thread of its own (this may be the event
+        loop's, on which a Dask call would not be made)."""
+
+        def kill() -> None:
+            for r in ranks:
+                with contextlib.suppress(Exception):  # gone already: its loss comes all the same
+                    self.ctl.kill(r)
+
+        if ranks:
+            threading.Thread(target=kill, daemon=True, name="monarch-heal-kill").start()
 
     # -- on the rank's own thread --------------------------------------------------------------
     def _bring_back(self, rank: int, old, turn: int) -> None:
@@ -131,14 +207,24 @@ class Healing:
                 with self._lock:
                     self.away[rank] = "joining"
                 self._record("joining", rank, {"step": None, "participants": None})
+            group = self.groups.get(rank, [rank])
+            if len(group) > 1:
+                # a replica group comes back as one, brought by its first rank's thread: its
+                # own process group and mesh, over which the --setup cells shard the model
+                if rank != group[0] or not self._group_back(group, deadline):
+                    return
+                problem = self._form_part(group)
+            else:
+                problem = None
             # Every replacement gets them, for the cells after this one too.
-            info = ctl.rejoined[rank]
-            problem = setup_cells.replay(ctl, [rank]) if ctl.setup_cells else None
-            if not info.alive:
+            infos = [ctl.rejoined[r] for r in group]
+            if problem is None and ctl.setup_cells:
+                problem = setup_cells.replay(ctl, group)
+            if not all(info.alive for info in infos):
                 return  # lost in its turn: on_lost brings the next one back
             if self.given_up:
                 ctl._notice(
-                    f"rank {rank}: a replacement worker took its place; "
+                    f"{format_ranks(group)}: a replacement worker took its place; "
                     + (
                         problem
                         or (
@@ -150,24 +236,48 @@ class Healing:
                 )
                 return
             if problem is not None:
-                self._end(rank, f"its replacement could not rejoin: {problem}")
+                for r in group:
+                    self._end(r, f"its replacement could not rejoin: {problem}")
                 return
-            link = ctl._links.get(rank)
-            if link is None or rank not in self.req.remaining:
-                return
-            with self._lock:
-                others = [r for r in self.req.ranks if r != rank and r not in self.away]
-                floor = max((self.steps.get(r, 0) for r in others), default=0)
-                pending = [r for r in self.req.ranks if r not in self.finished]
-            # where its first quorum must heal it to, before the cell (on the control comm,
-            # which it reads at once; the cell waits behind its --setup cells and ft.wrap)
-            told = {"op": "ft", "id": self.req.id, "ranks": pending, "at_least": floor}
-            ctl._loop.call_soon_threadsafe(link.control, told)
-            link.send({**self.msg, "id": self.req.id})  # the cell, as the others run it
+            for r in group:
+                self._send_cell(r)
         finally:
             with self._lock:
                 if self._turns[rank] == turn:  # not lost again meanwhile: nobody else brings it
                     ctl.healing_ranks.discard(rank)
+
+    def _send_cell(self, rank: int) -> None:
+        """The cell, as the others run it, to ``rank``'s replacement, told first the step its
+        first quorum must heal it to (on the control comm, which it reads at once; the cell
+        waits behind its --setup cells and ft.wrap)."""
+        link = self.ctl._links.get(rank)
+        if link is None or rank not in self.req.remaining:
+            return
+        with self._lock:
+            others = [r for r in self.req.ranks if r != rank and r not in self.away]
+            floor = max((self.steps.get(r, 0) for r in others), default=0)
+            pending = [r for r in self.req.ranks if r not in self.finished]
+        told = {"op": "ft", "id": self.req.id, "ranks": pending, "at_least": floor}
+        self.ctl._loop.call_soon_threadsafe(link.control, told)
+        link.send({**self.msg, "id": self.req.id})
+
+    def _group_back(self, group: list[int], deadline: float) -> bool:
+        """Wait until every rank of ``group`` has its replacement attached."""
+        while not all(r in self.old and self._replaced(r, self.old[r]) for r in group):
+            if self.ctl.closed or self.given_up or time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def _form_part(self, group: list[int]) -> str | None:
+        """The replica group's own process group and mesh (dist.form_part); why not, or None."""
+        shape = part_shape(self.ctl.mesh_shape or {}, len(group))
+        try:
+            dist.form_part(self.ctl, group, shape)
+        except Exception as e:
+            text = (getattr(e, "headline", None) or str(e) or type(e).__name__).splitlines()[0]
+            return f"its replica group's process group could not form ({text})"
+        return None
 
     def _replaced(self, rank: int, old) -> bool:
         """Whether ``rank``'s replacement has attached, its synced code sent (attach.py)."""
@@ -214,3 +324,13 @@ class Healing:
                 "participants": ev.get("participants"),
             }
         )
+
+
+def part_shape(shape: dict[str, int], size: int) -> dict[str, int] | None:
+    """The mesh of one replica group of ``size`` ranks (a slice of ``shape``'s last dimensions,
+    the others of size 1): ``replicate=2,shard=2`` gives ``replicate=1,shard=2``."""
+    out, product = {}, 1
+    for name, n in reversed(list(shape.items())):
+        out[name] = n if product < size else 1
+        product *= out[name]
+    return dict(reversed(list(out.items()))) if shape and product == size else None

@@ -77,6 +77,9 @@ class Request:
         # worker dies, True where the request goes on without it; and with each "ft" event.
         self.on_lost = None
         self.on_ft = None
+        # and with a rank's end, True where the request takes it back (a replica group's rank
+        # that failed as its group lost a rank: killed, and brought back with it)
+        self.on_done = None
 
 
 class Router:
@@ -115,13 +118,14 @@ class Router:
                 self.comms.flush()  # the rank's widgets show their last state before its end
             with self._lock:
                 req = self._requests.get(ev["id"])
-                if req is None:
-                    return
+            if req is None or (req.on_done is not None and req.on_done(rank, ev)):
+                return
+            with self._lock:
                 req.status[rank] = ev["status"]
                 remaining = req.remaining
                 remaining.discard(rank)
                 if not remaining:
-                    del self._requests[req.id]
+                    self._requests.pop(req.id, None)
             release = req.on_failure is not None and not ev.get("no_release")
             if remaining and release and failed(ev):
                 req.on_failure(rank, ev)  # the others are still running: release them

@@ -30,7 +30,7 @@ from datetime import timedelta
 from typing import Any
 
 from monarch_nb.errors import ClusterError, current
-from monarch_nb.rank import ft_torch, release
+from monarch_nb.rank import ft_hsdp, ft_torch, release
 from monarch_nb.rank.capture import current_capture
 
 LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"  # set on every rank of a cluster started with --ft
@@ -49,18 +49,20 @@ _state: _Wrapped | None = None  # this rank's wrapped model, optimizer and Manag
 
 
 class _Wrapped:
-    def __init__(self, manager, model, optimizer):
+    def __init__(self, manager, model, optimizer, group: ft_hsdp.Group | None = None):
         self.manager, self.model, self.optimizer = manager, model, optimizer
+        self.group = group  # a sharded model's replica group (ft_hsdp.py); None: DDP, one rank
         self.quorum_started = False  # ft.steps started this step's quorum (not zero_grad)
         self.stepped = 0  # the optimizer's step() calls: a loop that never calls it stops
 
 
 def wrap(model, optimizer, *, min_replicas: int = 1, timeout: float = 10.0, **manager_options):
     """The model as torchft's DistributedDataParallel and the optimizer as its Optimizer, over
-    a torchft ``Manager`` for this rank's replica group (one rank each). ``min_replicas``: the
-    fewest ranks a step may commit with; ``timeout``: seconds for a collective, a commit or a
-    heal; anything else is the Manager's own keyword (``quorum_timeout``, ``init_sync`` ...).
-    A model already sharded with ``fully_shard`` is not taken yet (see docs/training.md)."""
+    a torchft ``Manager`` for this rank's replica group (one rank each). A model already
+    sharded with ``fully_shard`` over the mesh's last dimension is kept as it is: its replica
+    group is its slice of the mesh (HSDP, ft_hsdp.py). ``min_replicas``: the fewest replica
+    groups a step may commit with; ``timeout``: seconds for a collective, a commit or a heal;
+    anything else is the Manager's own keyword (``quorum_timeout``, ``init_sync`` ...)."""
     global _state
     address = os.environ.get(LIGHTHOUSE)
     if not address:
@@ -70,23 +72,27 @@ def wrap(model, optimizer, *, min_replicas: int = 1, timeout: float = 10.0, **ma
         raise ValueError(
             f"min_replicas must be a whole number of ranks, 1 or more; got {min_replicas!r}"
         )
-    if min_replicas > world:
+    group = ft_hsdp.group_of(model, _rank(), world) if _sharded(model) else None
+    replicas = world if group is None else world // group.size
+    if min_replicas > replicas:
+        groups = "ranks" if group is None else f"replica groups of {group.size} ranks"
         raise ValueError(
-            f"min_replicas={min_replicas} is more than the {world} ranks of this cluster: no "
-            f"step could ever commit; give at most {world}"
-        )
-    if _sharded(model):
-        raise ValueError(
-            "ft.wrap takes a plain model (one replica group per rank); a model sharded with "
-            "fully_shard (HSDP) is not supported yet"
+            f"min_replicas={min_replicas} is more than the {replicas} {groups} of this cluster: "
+            f"no step could ever commit; give at most {replicas}"
         )
     torchft, ddp = ft_torch.load()
-    step = None
+    step = carry = None
     if _state is not None:
         if model is _state.model:  # the cell again (after Ctrl-C, a new Lighthouse): its
-            model = _state.model.module  # step goes on, and the old wrapper lets go of it
-            _state.model.reducer._remove_autograd_hooks()
-            step = _state.manager.state_dict()
+            step = _state.manager.state_dict()  # step goes on
+            if _state.group is None:  # and the old wrapper lets go of it
+                model = _state.model.module
+                _state.model.reducer._remove_autograd_hooks()
+        elif group is not None and _state.group is not None and not ft_hsdp.formed(_state.model):
+            # the sharded model wrapped before the cluster's group formed again, unusable now,
+            # goes on in this one, sharded anew (the --setup cells run again)
+            carry = ft_hsdp.carried(_state.model, _state.optimizer.optim, model)
+            step = _state.manager.state_dict() if carry is not None else None
         if optimizer is _state.optimizer:
             optimizer = _state.optimizer.optim
         _close(_state)
@@ -95,7 +101,11 @@ def wrap(model, optimizer, *, min_replicas: int = 1, timeout: float = 10.0, **ma
 
     on_gpu = any(p.is_cuda for p in model.parameters())
     host = _host()
-    store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
+    if group is None:
+        store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
+        store_at = (host, store.port)
+    else:
+        store, store_at = ft_hsdp.group_store(group, host)
     step_timeout = timedelta(seconds=timeout)
     pg = (torchft.ProcessGroupNCCL if on_gpu else ft_torch.gloo_group(torchft))(
         timeout=step_timeout
@@ -108,6 +118,9 @@ def wrap(model, optimizer, *, min_replicas: int = 1, timeout: float = 10.0, **ma
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optim"])
 
+    if group is not None:
+        state_dict, load_state_dict = ft_hsdp.state_fns(model, optimizer)
+
     options = {
         "timeout": step_timeout,
         "quorum_timeout": timedelta(seconds=max(30.0, 3 * timeout)),
@@ -119,11 +132,11 @@ def wrap(model, optimizer, *, min_replicas: int = 1, timeout: float = 10.0, **ma
         load_state_dict=load_state_dict,
         state_dict=state_dict,
         min_replica_size=min_replicas,
-        replica_id=f"rank{_rank()}",
-        rank=0,
-        world_size=1,
-        store_addr=host,
-        store_port=store.port,
+        replica_id=f"rank{_rank()}" if group is None else f"replica{group.index}",
+        rank=0 if group is None else group.rank,
+        world_size=1 if group is None else group.size,
+        store_addr=store_at[0],
+        store_port=store_at[1],
         lighthouse_addr=address,
         hostname=host,
         **options,
@@ -131,7 +144,14 @@ def wrap(model, optimizer, *, min_replicas: int = 1, timeout: float = 10.0, **ma
     manager._monarch_store = store  # the replica group's store lives as long as its Manager
     if step is not None:
         manager.load_state_dict(step)
-    wrapped = _Wrapped(manager, ddp(manager, model), None)
+    if carry is not None:
+        load_state_dict(carry)
+        print(
+            "ft.wrap: the model trained before the process group formed again goes on in this "
+            f"one, at step {manager.current_step()}",
+            flush=True,
+        )
+    wrapped = _Wrapped(manager, ddp(manager, model) if group is None else model, None, group)
     wrapped.optimizer = ft_torch.optimizer_class(torchft)(wrapped, optimizer)
     _state = wrapped
     return wrapped.model, wrapped.optimizer
@@ -151,7 +171,7 @@ def steps(n: int):
 
 def _steps(state: _Wrapped, n: int):
     manager = state.manager
-    reporter = _Reporter(manager)
+    reporter = _Reporter(manager, [_rank()] if state.group is None else state.group.ranks)
     first = True
     while first or manager.current_step() < n:
         _quorum(manager, wait=first)
@@ -230,8 +250,11 @@ def _linger(manager, cell_id: str | None) -> None:
 
 
 def _in_quorum(manager) -> set[int]:
-    """The ranks in this rank's last quorum, a healing one included."""
-    return set(getattr(manager._pg, "_global_ranks", None) or ())
+    """The ranks in this rank's last quorum, a healing one included: every rank of each
+    replica group in it (torchft's ranks of a quorum are those at this rank's place)."""
+    size = manager._group_world_size or 1
+    groups = {r // size for r in getattr(manager._pg, "_global_ranks", None) or ()}
+    return {g * size + i for g in groups for i in range(size)}
 
 
 def told(msg: dict) -> None:
@@ -280,8 +303,8 @@ class _Reporter:
     """Tells the notebook this rank's committed step and quorum, as a cell's event: at a change
     of quorum or participants, else at most every ``REPORT_EVERY`` seconds."""
 
-    def __init__(self, manager):
-        self.manager = manager
+    def __init__(self, manager, group: list[int]):
+        self.manager, self.group = manager, group  # the ranks of this one's replica group
         self.last: tuple | None = None
         self.at = 0.0
 
@@ -307,6 +330,7 @@ class _Reporter:
                 "participants": n,
                 "healing": not participating,
                 "done": done,
+                "group": self.group,
             }
         )
 

@@ -61,9 +61,14 @@ def optimizer_class(torchft):
                 super().zero_grad(set_to_none)
 
         def step(self, closure=None) -> None:
-            self._monarch_state.quorum_started = False
-            self._monarch_state.stepped += 1
+            state = self._monarch_state
+            state.quorum_started = False
+            state.stepped += 1
             await_quorum(self.manager)
+            if state.group is not None:  # a sharded model: its shards averaged across groups
+                from monarch_nb.rank import ft_hsdp
+
+                ft_hsdp.sync_grads(self.manager, self.optim)
             super().step(closure)
 
     return Optimizer
