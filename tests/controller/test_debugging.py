@@ -418,6 +418,14 @@ def test_breakpoint_in_an_actor_endpoint_prompts_while_the_call_waits(kernel):
 
 def test_breakpoint_in_a_broadcast_endpoint_waits_for_monarch_debug(kernel):
     kernel.run(ACTOR_BREAK + "steppers.slice(gpus=1).step.broadcast(7)")
+    # the broadcast returns at once: the person types %monarch debug once the endpoint's line
+    # (its rank waits in the debugger) is there
+    kernel.run(
+        "import time\nfrom monarch_nb.actors.stops import stops\n"
+        "deadline = time.monotonic() + 60\n"
+        "while 1 not in stops.ranks and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)"
+    )
     text, prompts = kernel.run("%monarch debug --rank 1", answers=["p w", "c"])
     assert [p["prompt"] for p in prompts] == ["(Pdb rank 1) "] * 2
     assert "[rank 1] 7" in text  # w: the slice's one actor is its rank 0

@@ -60,6 +60,7 @@ def entry_for(pid: int, port: int, **changes) -> dict:
         "tls": None,
         "holder": None,
         "detached_since": time.time(),
+        "ft": None,
     }
     return {**entry, **changes}
 
@@ -126,6 +127,7 @@ def _other_users_process():
         (lambda e, p: {**e, "scheduler_address": "inproc://x"}, "scheduler_address is not"),
         (lambda e, p: {**e, "tls": {"ca": "x", "cert": "y", "key": "z"}}, "tls.ca is not a PEM"),
         (lambda e, p: {**e, "holder": {"kernel": "../k", "since": 1}}, "holder.kernel is not"),
+        (lambda e, p: {**e, "ft": {"address": "http://h:1/x", "pid": 1}}, "ft is not"),
         (lambda e, p: {**e, "pid_started": e["pid_started"] + 100}, "is another process now"),
         (lambda e, p: {**e, "scheduler_address": "tcp://127.0.0.1:1"}, "does not listen on port 1"),
         ("other user", f"belongs to uid {NOBODY}"),
