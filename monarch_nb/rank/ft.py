@@ -142,6 +142,8 @@ def wrap(model, optimizer, *, min_replicas: int = 1, timeout: float = 10.0, **ma
         **options,
     )
     manager._monarch_store = store  # the replica group's store lives as long as its Manager
+    if group is None:
+        ft_torch.own_vote(manager)
     if step is not None:
         manager.load_state_dict(step)
     if carry is not None:
