@@ -75,11 +75,8 @@ def test_hsdp_steps_are_those_of_ddp_over_every_rank(hsdp):
         assert got == pytest.approx(want, rel=1e-5)
 
 
-# rank 2 is its group's first: its Manager server and store go with it
-@pytest.mark.parametrize("victim", [3, 2])
-def test_a_lost_rank_takes_its_replica_group_along_and_the_group_heals_and_finishes(
-    hsdp, capsys, victim
-):
+def test_a_lost_rank_takes_its_replica_group_along_and_the_group_heals_and_finishes(hsdp, capsys):
+    victim = 2  # its group's first: the group's Manager server and store go with it
     hsdp.run(SETUP, setup=True, stream=False)  # a fresh model over the mesh as it is now
     start = len(hsdp.ft_events)
     hsdp.ft_quorum.clear()
@@ -90,8 +87,8 @@ def test_a_lost_rank_takes_its_replica_group_along_and_the_group_heals_and_finis
 
     threading.Thread(target=kill_at_step_30, daemon=True).start()
     capsys.readouterr()
-    result = hsdp.run(TRAIN.format(steps=150, pause=0.02)).values()
-    assert [r[0] for r in result] == [150] * 4
+    result = hsdp.run(TRAIN.format(steps=100, pause=0.02)).values()
+    assert [r[0] for r in result] == [100] * 4
     assert all(r[1] == result[0][1] for r in result)  # every rank holds the same model
     assert [r[2] for r in result] == [True] * 4  # the replacements ran the --setup cell
     events = sorted((e["rank"], e["event"]) for e in hsdp.ft_events[start:])
@@ -101,15 +98,15 @@ def test_a_lost_rank_takes_its_replica_group_along_and_the_group_heals_and_finis
     assert re.search(said, text), text
     # the cluster's group formed again before the next cell: the model is sharded again
     with pytest.raises(CellError) as e:
-        hsdp.run(TRAIN.format(steps=151, pause=0), stream=False)
+        hsdp.run(TRAIN.format(steps=101, pause=0), stream=False)
     assert {r: "sharded over a process group that is gone" in err.evalue
             for r, err in e.value.errors.items()} == dict.fromkeys(range(4), True)  # fmt: skip
     # the --setup cells again: the trained shards, optimizer state and step go on in the new
     hsdp.run(SETUP, setup=True, stream=False)
-    again = hsdp.run(TRAIN.format(steps=150, pause=0)).values()  # no step to take: as it was
+    again = hsdp.run(TRAIN.format(steps=100, pause=0)).values()  # no step to take: as it was
     assert again == result
     assert "[ranks 0-3] ft.wrap: the model trained before the process group formed again goes on " \
-        "in this one, at step 150" in capsys.readouterr().out  # fmt: skip
+        "in this one, at step 100" in capsys.readouterr().out  # fmt: skip
 
 
 BAD = {
