@@ -129,11 +129,11 @@ def test_ctrl_c_with_a_stopped_rank_returns_within_about_two_seconds(stopped, ce
 
 def test_a_large_push_to_a_stopped_rank_is_cut_short_and_the_data_path_stays_whole(stopped):
     big = np.arange(8_000_000, dtype=np.float64)  # 64 MB: far more than a socket buffer holds
-    interrupt_after(2.5)  # rank 0 has it by then
+    interrupt_after(5.0)  # rank 0 has it by then (2.5 s was too short on a slow run)
     start = time.monotonic()
     with pytest.raises(CellError) as info:
         stopped.push({"big": big})
-    assert time.monotonic() - start < 7
+    assert time.monotonic() - start < 10
     assert set(info.value.errors) == {1} and info.value.errors[1].ename == "NotAnswering"
     os.kill(stopped.pids[1], signal.SIGCONT)
     # The push reaches rank 1 whole once it goes on (and the interrupt drops or stops it):
