@@ -61,6 +61,16 @@ def _widget_relay(send):
 
 _errors.widget_relay = _widget_relay
 
+
+def _show_profile(profile) -> None:
+    """A profiled cell's timeline and numbers under it (notebook/profile_view.py)."""
+    from monarch_nb.notebook.profile_view import show
+
+    show(profile.analysis, profile.title, str(profile.directory))
+
+
+_errors.show_profile = _show_profile
+
 if TYPE_CHECKING:
     from monarch_nb.actors import (
         Actor,

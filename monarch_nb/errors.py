@@ -17,6 +17,8 @@ _current: Any = None
 # notebook folder's CommRelay): the controller sits below the notebook folder and cannot import
 # it, so monarch_nb/__init__.py, which runs before any of the package's modules, puts it here.
 widget_relay: Callable[[Callable[[int, dict], bool]], Any] | None = None
+# Shows a profiled cell's timeline under it (notebook/profile_view.py), put here the same way.
+show_profile: Callable[[Any], None] | None = None
 
 
 class ClusterError(RuntimeError):

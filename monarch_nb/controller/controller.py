@@ -37,6 +37,7 @@ from monarch_nb.controller import (
     keep,
     lifecycle,
     lighthouse,
+    profiling,
     scale,
     setup_cells,
     stacks,
@@ -106,6 +107,7 @@ class Controller:
         self.reloading = False  # %monarch autoreload: every cell asks its ranks to reload
         self.synced: dict[str, str] = {}  # name -> path %monarch sync sent, for new workers
         self.setup_cells: list[dict[str, str]] = []  # %%monarch --setup cells (setup_cells.py)
+        self.last_profile = None  # the last profiled cell's (controller/profiling.py)
         # --ft: torchft's Lighthouse (lighthouse.py), where every rank finds it, what the ranks
         # last said of their quorum, and what happened (ft.history(); healing.py)
         self.ft = ft
@@ -248,6 +250,7 @@ class Controller:
         quiet: bool = False,
         watch=None,
         setup: bool = False,
+        profile=None,
     ):
         """Run ``code`` on every targeted rank (Python, with IPython's ``!cmd`` and the magics
         rank/shell.py lists); returns a ValueMesh of each rank's last expression
@@ -255,8 +258,15 @@ class Controller:
         (``syntax.parse``: the magic's), which is sent as it is. ``watch(request)`` is called
         once the cell is sent (the magic puts a live panel on it). ``setup``: a cell that
         defines what training needs (imports, the model, the data), run again on every rank
-        that joins later, once it has run on every rank without an error."""
+        that joins later, once it has run on every rank without an error. ``profile``: True,
+        or a schedule (``"warmup=1,active=3"``, controller/profiling.py), runs the cell under
+        torch.profiler and shows every rank's timeline under it (``last_profile``)."""
         dispatch.check_timeout(timeout)
+        spec = profiling.spec_of(profile)
+        if spec is not None and not block:
+            raise ValueError(
+                "--profile shows the ranks' timeline when the cell ends, so it cannot be --noblock"
+            )
         self._check_open()
         lighthouse.renew(self)  # one that exited: said by the announce below
         self.announce()
@@ -275,6 +285,11 @@ class Controller:
         if setup and len(ranks) != self.world_size:
             raise ValueError("--setup cells run on every rank (they run again on ranks that join)")
         prepare = self._fault_tolerant(msg)
+        profiled = None
+        if spec is not None:
+            profiled = profiling.Profiled(self, spec, msg["n"], ranks)
+            msg["profile"] = spec
+            prepare = profiling.chain(prepare, profiled.prepare)
         if not block:
             with gathering.sigint_sets() as stop:  # a Ctrl-C waits until every rank has it
                 req = dispatch.submit(
@@ -302,7 +317,11 @@ class Controller:
             if watch is not None:
                 watch(req)
             outcomes, stopped = dispatch.collect(self, req, renderer, timeout, stop)
-        result = dispatch.settle(self, req, outcomes, stopped, timeout)
+        try:
+            result = dispatch.settle(self, req, outcomes, stopped, timeout)
+        finally:
+            if profiled is not None:  # a failed cell's too: the others' traces are shown
+                profiled.show(outcomes)
         if setup:
             setup_cells.remember(self, msg)
         return result

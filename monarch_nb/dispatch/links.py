@@ -80,6 +80,8 @@ class Request:
         # and with a rank's end, True where the request takes it back (a replica group's rank
         # that failed as its group lost a rank: killed, and brought back with it)
         self.on_done = None
+        # A profiled cell's (controller/profiling.py): called with each rank's "profile" event
+        self.on_profile = None
 
 
 class Router:
@@ -107,11 +109,14 @@ class Router:
             return
         if kind == "display" and self.comms is not None:
             self.comms.displayed(ev)  # a rank's widget: its output gets a display id
-        if kind == "ft":  # a rank's committed step in a fault-tolerant cell (rank/ft.py)
+        if kind in ("ft", "profile"):
+            # a rank's committed step in a fault-tolerant cell (rank/ft.py), a profiled cell's
+            # trace (rank/profiling.py)
             with self._lock:
                 req = self._requests.get(ev["id"])
-            if req is not None and req.on_ft is not None:
-                req.on_ft(rank, ev)
+            hook = None if req is None else req.on_ft if kind == "ft" else req.on_profile
+            if hook is not None:
+                hook(rank, ev)
             return
         if kind == "done":
             if self.comms is not None and self.comms.holding:

@@ -52,6 +52,7 @@ _COMMANDS = {
     "metrics": magic_show.metrics_table,
     "dashboard": magic_show.dashboard,
     "plot": magic_show.plot,
+    "profile": magic_show.profile,
     "pull": magic_data.pull,
     "gather": magic_data.gather,
     "sync": magic_sync.sync,
@@ -104,7 +105,8 @@ class MonarchMagics(Magics):
             In [3]: %monarch attach            # the ranks' namespaces are as they were
 
         Cell magic (``%%monarch [--targets SPEC] [--noblock] [--out NAME] [--no-stream]
-        [--no-collapse] [--timeout S] [--local] [--setup]``; ``%%monarch -h`` explains them)::
+        [--no-collapse] [--timeout S] [--local] [--setup] [--profile [SCHEDULE]]``;
+        ``%%monarch -h`` explains them)::
 
             In [7]: %%monarch
                ...: import torch
@@ -213,6 +215,7 @@ class MonarchMagics(Magics):
                 collapse=args.collapse is not False,
                 watch=watch,
                 setup=args.setup,
+                profile=args.profile,
             )
         except (TargetError, ClusterError, ValueError) as e:
             raise UsageError(str(e)) from None

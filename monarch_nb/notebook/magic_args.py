@@ -154,6 +154,9 @@ def line_parser() -> Parser:
     p.add_argument("state", nargs="?", choices=("on", "off"), help="set it instead of toggling")
     p = sub.add_parser("plot", help="the logged metrics as a static bokeh figure")
     p.add_argument("--save", metavar="FILE", help="write a standalone .html file")
+    p = sub.add_parser("profile", help="show a profiled cell's timeline again")
+    p.add_argument("--last", action="store_true", help="the last profile of this cluster")
+    p.add_argument("folder", nargs="?", metavar="DIR", help="a profile's folder")
     p = sub.add_parser("reset", help="clear the namespaces")
     _targets(p)
     p = sub.add_parser("interrupt", help="interrupt the running cell on the ranks")
@@ -248,6 +251,15 @@ def cell_parser() -> Parser:
         action="store_true",
         help="imports and definitions: run again on every rank that joins later (a lost "
         "rank's replacement, %%monarch scale)",
+    )
+    parser.add_argument(
+        "--profile",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="SCHEDULE",
+        help="run under torch.profiler and show every rank's timeline: optimizer steps 1-3 after "
+        "1 warm-up, or wait=N,warmup=N,active=N,shapes,dir=PATH",
     )
     return parser
 

@@ -1,11 +1,16 @@
 """The ``%monarch`` commands that show what the ranks log and sample: metrics (a table), dashboard
-(a live panel) and plot (a static figure). Each is ``fn(magics, args)``."""
+(a live panel), plot (a static figure) and profile (a profiled cell's timeline again). Each is
+``fn(magics, args)``."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from IPython.core.error import UsageError
 
-from monarch_nb.notebook import plots
+from monarch_nb import errors
+from monarch_nb.controller import profiling
+from monarch_nb.notebook import plots, profile_view
 from monarch_nb.notebook.magic_cluster import controller, guard
 from monarch_nb.notebook.widgets import NO_WIDGETS, LivePanel, static_bundle, widgets_available
 from monarch_nb.telemetry import metrics
@@ -38,6 +43,22 @@ def plot(magics, args):
         print(f"monarch-nb: wrote {path}")
         return None
     return plots.show(history)
+
+
+def profile(magics, args):
+    """``%monarch profile --last`` (this cluster's newest, this kernel's or an earlier one's) or
+    ``%monarch profile DIR``."""
+    if args.last == (args.folder is not None):
+        raise UsageError("profile: give --last or a profile's folder (DIR), one of them")
+    if args.folder is not None:
+        folder = Path(args.folder).expanduser()
+        if not (folder / "meta.json").is_file():
+            raise UsageError(f"profile: {folder} holds no profile (no meta.json in it)")
+        shown = guard(lambda: profiling.load(folder))
+    else:
+        ctl = errors.current()
+        shown = guard(lambda: profiling.last(ctl if ctl is not None and not ctl.closed else None))
+    profile_view.show(shown.analysis, shown.title, str(shown.directory))
 
 
 def metrics_table(magics, args):

@@ -16,7 +16,6 @@ import contextlib
 import ctypes
 import inspect
 import os
-import platform
 import socket
 import sys
 import threading
@@ -32,8 +31,10 @@ from distributed.core import Status
 from monarch_nb.rank import autoreload as rank_autoreload
 from monarch_nb.rank import children, debugger, session, worker_logs
 from monarch_nb.rank import comms as rank_comms
+from monarch_nb.rank import device as rank_device
 from monarch_nb.rank import ft as rank_ft
 from monarch_nb.rank import mesh as rank_mesh
+from monarch_nb.rank import profiling as rank_profiling
 from monarch_nb.rank import release as rank_release
 from monarch_nb.rank import shell as rank_shell
 from monarch_nb.rank import stacks as rank_stacks
@@ -343,7 +344,8 @@ class Engine:
                 self.reloader = rank_autoreload.Reloader()
             failed = self.reloader.before_cell() if reloading else None
             if failed is None:
-                ok, value = self._run_user(run)
+                with rank_profiling.profiled(msg.get("profile"), channel.outbox, msg["id"]):
+                    ok, value = self._run_user(run)
         channel.outbox.end_cell(msg["id"])
         if failed is not None:
             return {"status": "error", "error": failed}
@@ -402,7 +404,7 @@ class Engine:
         self.identity = identity
         os.environ.update(msg.get("env") or {})  # the cluster's (--ft: where the Lighthouse is)
         rank_comms.widgets_shown(msg.get("widgets", False))
-        self.device_info = _device_info(identity["local_rank"])
+        self.device_info = rank_device.describe(identity["local_rank"])
         if not self.namespace:
             self.reset_namespace()
         else:
@@ -451,28 +453,6 @@ def _ssl_context(worker):
     if not worker.address.startswith("tls://"):
         return None
     return worker.security.get_listen_args("worker").get("ssl_context")
-
-
-def _device_info(local_rank: int) -> dict[str, Any]:
-    import psutil
-    import torch
-
-    if torch.cuda.is_available():
-        index = local_rank % torch.cuda.device_count()
-        torch.cuda.set_device(index)
-        props = torch.cuda.get_device_properties(index)
-        return {
-            "kind": "rocm" if torch.version.hip else "cuda",
-            "torch": f"cuda:{index}",
-            "name": props.name,
-            "memory": props.total_memory,
-        }
-    return {
-        "kind": "cpu",
-        "torch": "cpu",
-        "name": platform.processor() or platform.machine() or "cpu",
-        "memory": psutil.virtual_memory().total,
-    }
 
 
 class EnginePlugin(WorkerPlugin):

@@ -1,0 +1,108 @@
+"""A cell run under torch.profiler on this rank (``%%monarch --profile``).
+
+The steps are the optimizer's: a global optimizer step post hook advances the profiler, so a
+training loop needs no change, and a cell without an optimizer step is one step, recorded
+whole. The schedule is torch's idea with our counts: ``wait`` steps not recorded, then
+``warmup`` recorded and marked (the notebook draws them and leaves them out of its numbers:
+the profiler's own start-up lands there), then ``active`` recorded and measured; after those the
+profiler stops, so the rest of a long loop runs at full speed.
+
+At the cell's end, failed or not, the trace is written (not in the loop, at the last recorded
+step, where torch would write it) and goes to the notebook as one ``profile`` event,
+gzipped, ahead of the cell's end; one over MAX_TRACE_BYTES stays in a file on the rank, and the
+event says where.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import os
+import shutil
+import tempfile
+from typing import Any
+
+MAX_TRACE_BYTES = 64 * 2**20  # gzipped: what one rank sends back at most
+
+
+def schedule(spec: dict[str, int]):
+    """torch.profiler's schedule for ``spec``: NONE, then RECORD for warm-up and active steps,
+    saved at the last. Not ``torch.profiler.schedule``: its warm-up steps are not recorded, and
+    a cell that ends in them (one without an optimizer step) would leave no trace at all."""
+    from torch.profiler import ProfilerAction
+
+    first, last = spec["wait"], spec["wait"] + spec["warmup"] + spec["active"] - 1
+
+    def action(step: int) -> ProfilerAction:
+        if step < first or step > last:
+            return ProfilerAction.NONE
+        return ProfilerAction.RECORD_AND_SAVE if step == last else ProfilerAction.RECORD
+
+    return action
+
+
+@contextlib.contextmanager
+def profiled(spec: dict[str, Any] | None, outbox, cell_id: str):
+    """Run the body under the profiler when ``spec`` asks for it, then send the trace."""
+    if spec is None:
+        yield
+        return
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.profiler import ProfilerActivity, profile
+
+    # kineto's own lines ("profiler_start", at every start and stop) would reach the cell's
+    # output through fd 2; read when the profiler first starts in the process
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    folder = tempfile.mkdtemp(prefix="monarch-profile-")
+    path = os.path.join(folder, "trace.json")
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():  # CUDA, and ROCm through HIP
+        activities.append(ProfilerActivity.CUDA)
+    prof = profile(
+        activities=activities,
+        schedule=schedule(spec),
+        on_trace_ready=lambda _: ready.append(True),  # written after the cell, not in its loop
+        record_shapes=bool(spec.get("record_shapes")),
+    )
+    problem, ready = None, []
+    try:
+        prof.start()
+    except Exception as e:  # another profiler already runs in this process
+        problem, prof = f"the profiler could not start: {e}", None
+    hook = register_optimizer_step_post_hook(lambda *_: prof.step()) if prof else None
+    try:
+        yield
+    finally:
+        if hook is not None:
+            hook.remove()
+        if prof is not None:
+            try:
+                prof.stop()  # ready, where the cell ended inside the recorded steps
+                if ready:
+                    prof.export_chrome_trace(path)
+            except Exception as e:
+                problem = f"the profiler could not stop: {e}"
+        steps = prof.step_num if prof is not None else 0
+        outbox.emit({"ev": "profile", "id": cell_id, "steps": steps, **_payload(path, problem)})
+        if not os.path.exists(folder + "/kept"):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _payload(path: str, problem: str | None) -> dict[str, Any]:
+    if problem is not None:
+        return {"trace": None, "problem": problem}
+    if not os.path.exists(path):
+        return {"trace": None, "problem": "no trace: the cell ended before its first recorded step"}
+    with open(path, "rb") as f:
+        packed = gzip.compress(f.read(), compresslevel=3)
+    if len(packed) > MAX_TRACE_BYTES:
+        kept = os.path.join(os.path.dirname(path), "kept")
+        os.rename(path, kept)
+        return {
+            "trace": None,
+            "problem": f"its trace is {len(packed) / 2**20:.0f} MiB gzipped, over the "
+            f"{MAX_TRACE_BYTES // 2**20} MiB sent back; it is on its host at {kept} "
+            "(profile fewer steps: --profile active=1)",
+        }
+    return {"trace": packed, "problem": None}
