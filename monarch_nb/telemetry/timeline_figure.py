@@ -35,7 +35,7 @@ COMPACT_RANKS = 16  # as the live panel (panel_compact.py): from here rows are g
 ROW_PX, COMPACT_ROW_PX = 64, 18
 MAX_FRAME_PX = 900  # the plot stops growing here; its rows get thinner instead
 MIN_LABEL_PX = 12  # rows thinner than this label every k-th rank and each host's first
-NOMINAL_PX = 800  # the plot's width that a step label's room is judged at (it follows the page)
+NOMINAL_PX = 800  # the plot's width that a step label's room is judged at, over the first view
 TEXT_ROWS = 16  # ranks listed by text(); past it the slowest, the fastest and the median
 COMPUTE, IDLE = "#4e79a7", "#d9d9d9"
 # a colour per collective, none near the compute blue or the idle grey; "other" last
@@ -160,8 +160,8 @@ def layout(analysis: Analysis, title: str):
     axis.major_label_overrides = {-i: rank_label(rows[i], status[i]) for i in shown}
     axis.major_label_text_font_size = "11px" if row_px >= MIN_LABEL_PX else "9px"
     items = _bars(fig, t, where, _COMPACT if compact else _ROOMY)
-    items += _steps(fig, t, rows, where, compact, x1 - x0)
-    _missing(fig, t, rows, (x0 + x1) / 2)
+    items += _steps(fig, t, rows, where, compact, m1 - m0)
+    _missing(fig, t, rows, (m0 + m1) / 2)
     legend = Legend(items=items, click_policy="hide", label_text_font_size="11px", spacing=2)
     fig.add_layout(legend, "right")
     fig.frame_height = max(fig.frame_height, 22 * len(items) + 20)  # the legend fits beside it
