@@ -11,6 +11,7 @@ def show(analysis: Analysis, title: str, directory: str | None) -> None:
     imported here, when a profile is shown, not when the kernel starts."""
     from monarch_nb.telemetry import timeline_figure
 
+    print(f"profile of {title}")
     print(timeline_figure.text(analysis, directory))
     try:
         from IPython import get_ipython

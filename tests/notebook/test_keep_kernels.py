@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 
 import psutil
 import pytest
@@ -89,6 +90,11 @@ def test_a_variable_set_before_a_kernel_restart_is_there_after_attach(shared):
     out = a.said(f"%monarch up --keep 10m --workers 2 --cpu --name {NAME}")
     assert f"monarch-nb: kept as {NAME}: it outlives this kernel" in out
     a.said("%%monarch\nsecret = rank + 40")
+    # a profiled cell's picture too: its folder outlives the kernel, found by the cluster's address
+    profiles = tempfile.mkdtemp(prefix="keep-profiles-")
+    use = f"import os; os.environ['MONARCH_NB_PROFILE_DIR'] = {profiles!r}"
+    a.said(use)
+    assert f"traces: {profiles}" in a.said("%%monarch --profile\nimport torch\ntorch.ones(8).sum()")
     shared["processes"] = before = processes(kept.find(NAME))
     a.restart()
     assert wait_for(detached, timeout=30)
@@ -99,6 +105,9 @@ def test_a_variable_set_before_a_kernel_restart_is_there_after_attach(shared):
     assert f"monarch-nb: attached to {NAME}: 2 ranks at tcp://127.0.0.1:" in out
     assert "what the old kernel held itself (ValueMesh results, cell and actor mesh" in out
     assert a.value("%%monarch\nsecret") == "ValueMesh({0: 40, 1: 41})"
+    a.said(use)
+    out = a.said("%monarch profile --last")
+    assert "the whole cell (it took no optimizer step)" in out and f"traces: {profiles}" in out
     assert running(before) == before  # the same processes, none replaced
 
 

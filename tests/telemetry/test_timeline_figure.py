@@ -216,7 +216,7 @@ def test_show_prints_and_draws_only_under_ipython(monkeypatch, capsys):
     monkeypatch.setattr(bokeh_display, "show", shown.append)
     monkeypatch.setattr("IPython.get_ipython", lambda: None)
     profile_view.show(analysis(4, status=FOUR), "p", "/tmp/t")
-    assert capsys.readouterr().out.startswith(STRAGGLER) and shown == []
+    assert capsys.readouterr().out.startswith(f"profile of p\n{STRAGGLER}") and shown == []
     monkeypatch.setattr("IPython.get_ipython", lambda: object())
     profile_view.show(analysis(4, status=FOUR), "p", "/tmp/t")
     assert "traces: /tmp/t" in capsys.readouterr().out
