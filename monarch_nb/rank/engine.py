@@ -344,7 +344,8 @@ class Engine:
                 self.reloader = rank_autoreload.Reloader()
             failed = self.reloader.before_cell() if reloading else None
             if failed is None:
-                with rank_profiling.profiled(msg.get("profile"), channel.outbox, msg["id"]):
+                profile = msg.get("profile")
+                with rank_profiling.profiled(profile, channel.outbox, msg["id"], self.loop):
                     ok, value = self._run_user(run)
         channel.outbox.end_cell(msg["id"])
         if failed is not None:
@@ -472,6 +473,11 @@ class EnginePlugin(WorkerPlugin):
         engine = worker.extensions.get("monarch")
         if engine is None:
             os.environ.setdefault("MPLBACKEND", "Agg")
+            # torch on the worker's main thread, where kineto then registers its client and a
+            # profiled cell first starts the profiler (rank/profiling.py); imported already
+            # in a worker forked from the forkserver
+            import torch  # noqa: F401
+
             engine = worker.extensions["monarch"] = Engine(worker)
             global _engine
             _engine = engine

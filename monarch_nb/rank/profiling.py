@@ -20,6 +20,7 @@ import gzip
 import os
 import shutil
 import tempfile
+import threading
 from typing import Any
 
 MAX_TRACE_BYTES = 64 * 2**20  # gzipped: what one rank sends back at most
@@ -41,9 +42,39 @@ def schedule(spec: dict[str, int]):
     return action
 
 
+_started_once = False  # this process's profiler has started (its first start is special)
+
+
+def _first_start(loop) -> None:
+    """Start and stop a profiler once on the worker's main thread, the first time. kineto
+    initialises itself at the process's first start, and only on the thread that imported torch
+    (its client registered there: the worker's main thread, or in a worker forked from the
+    forkserver, the thread it was forked from, which is the same as far as kineto knows). From
+    the rank's thread it skips that and prints "ERROR: External init callback must run in same
+    thread as registerClient" into the cell's output instead."""
+    global _started_once
+    if _started_once or loop is None:
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    done = threading.Event()
+
+    def start_here() -> None:
+        try:
+            with profile(activities=[ProfilerActivity.CPU]):
+                pass
+        finally:
+            done.set()
+
+    loop.add_callback(start_here)
+    done.wait(30)
+    _started_once = True
+
+
 @contextlib.contextmanager
-def profiled(spec: dict[str, Any] | None, outbox, cell_id: str):
-    """Run the body under the profiler when ``spec`` asks for it, then send the trace."""
+def profiled(spec: dict[str, Any] | None, outbox, cell_id: str, loop=None):
+    """Run the body under the profiler when ``spec`` asks for it, then send the trace.
+    ``loop``: the worker's event loop, on its main thread (``_first_start``)."""
     if spec is None:
         yield
         return
@@ -54,6 +85,7 @@ def profiled(spec: dict[str, Any] | None, outbox, cell_id: str):
     # kineto's own lines ("profiler_start", at every start and stop) would reach the cell's
     # output through fd 2; read when the profiler first starts in the process
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    _first_start(loop)
     folder = tempfile.mkdtemp(prefix="monarch-profile-")
     path = os.path.join(folder, "trace.json")
     activities = [ProfilerActivity.CPU]

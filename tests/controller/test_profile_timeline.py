@@ -46,7 +46,8 @@ def test_a_profiled_loop_shows_every_rank_names_the_slowed_one_and_writes_its_tr
     assert [row["rank"] for row in numbers.rows] == [0, 1]
     assert all(row["steps"] == 3 for row in numbers.rows)  # steps 1-3, after step 0's warm-up
     assert "steps 1-3 measured after 1 warm-up" in profile.title
-    # printed under the cell: the sentence and where the traces are
+    # printed under the cell: the sentence and where the traces are, and nothing of kineto's
+    assert "ERROR" not in cell.out + cell.err and "profiler_start" not in cell.out + cell.err
     assert numbers.straggler in cell.out
     assert str(profile.directory) in cell.out
     assert profile.directory.parent == tmp_path
