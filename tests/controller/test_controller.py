@@ -413,10 +413,10 @@ def test_heartbeats_flow_during_a_busy_cell(clean):
         return {ws.name: ws.last_seen for ws in dask_scheduler.workers.values()}
 
     handle = clean.run(
-        "import time\nend = time.time() + 5\nwhile time.time() < end: pass", block=False
+        "import time\nend = time.time() + 3\nwhile time.time() < end: pass", block=False
     )
     first = clean.client.run_on_scheduler(last_seen)
-    time.sleep(4)
+    time.sleep(2.5)  # a worker heartbeats every second (Dask's heartbeat_interval)
     later = clean.client.run_on_scheduler(last_seen)
     handle.result(timeout=30)
     assert set(later) == {0, 1}

@@ -63,7 +63,7 @@ def test_a_rank_waiting_in_all_reduce_is_named_with_its_number(clean):
         "import time, torch, torch.distributed as dist\n"
         "dist.all_reduce(torch.ones(1))\n"
         "def late():\n"
-        "    time.sleep(8)\n"
+        "    time.sleep(5)\n"
         "if rank == 1:\n"
         "    late()\n"
         "dist.all_reduce(torch.ones(1))\n",
@@ -82,12 +82,12 @@ def test_a_rank_waiting_in_all_reduce_is_named_with_its_number(clean):
     assert f"waits in all_reduce #{n}" in text
     rank1 = text.split("[rank 1] the cell's thread", 1)[1]
     assert 'File "<monarch cell ' in rank1 and CELL_MARK in rank1, text
-    assert "in late\n    time.sleep(8)" in rank1, text
+    assert "in late\n    time.sleep(5)" in rank1, text
     assert handle.result(timeout=60).values() == [None, None]
 
 
 def test_ranks_asleep_in_a_cell_are_grouped_with_the_cell_frame_marked(clean):
-    handle = clean.run("import time\ndef nap():\n    time.sleep(6)\nnap()", block=False)
+    handle = clean.run("import time\ndef nap():\n    time.sleep(3)\nnap()", block=False)
     report = _stacks_until(clean, lambda r: _sleeping(r, [0, 1]))
     assert report.elapsed < 1.0, report.elapsed
     assert report.silent == {}
@@ -109,7 +109,7 @@ def test_ranks_asleep_in_a_cell_are_grouped_with_the_cell_frame_marked(clean):
 
 def test_a_cell_awaiting_shows_its_task_with_the_cell_frame_marked(clean):
     handle = clean.run(
-        "import asyncio\nasync def later():\n    await asyncio.sleep(6)\nawait later()",
+        "import asyncio\nasync def later():\n    await asyncio.sleep(3)\nawait later()",
         block=False,
     )
     both = "[ranks 0-1] the cell's thread"
@@ -151,7 +151,7 @@ def test_a_stopped_rank_is_reported_not_answering_within_a_second(clean):
 def test_native_adds_c_frames_through_py_spy(clean):
     if rank_stacks._py_spy() is None:
         pytest.skip("py-spy is not installed (pip install 'monarch-nb[stacks]')")
-    handle = clean.run("import time\ntime.sleep(8)", block=False)
+    handle = clean.run("import time\ntime.sleep(5)", block=False)
     _stacks_until(clean, lambda r: _sleeping(r, [0, 1]))
     report = clean.stacks(native=True)
     text = report.text()
@@ -191,7 +191,7 @@ def test_py_spy_failing_is_one_line():
 def test_an_actor_mesh_shows_its_actors_threads(ctl):
     mesh = actors.proc_mesh(ctl).spawn("sleepers", Sleeper)
     try:
-        future = mesh.nap.call(6)
+        future = mesh.nap.call(3)
         report = wait_for_actor(mesh)
         groups = report.groups()
         assert [ranks for ranks, _ in groups] == [[0, 1]], report.text()
@@ -200,17 +200,17 @@ def test_an_actor_mesh_shows_its_actors_threads(ctl):
         # a class sent by value has no source file to quote: the frame's name says it
         assert "[ranks 0-1] actor 'sleepers'" in text and ", in nap" in text
         assert "the cell's thread" not in text
-        assert future.get(timeout=60).values() == [6, 6]
+        assert future.get(timeout=60).values() == [3, 3]
         idle = mesh.stacks()
         assert "actor 'sleepers': idle, waiting for its next call" in idle.text()
         # an async endpoint awaiting leaves no frame on the thread: its task's stack is shown
-        future = mesh.doze.call(6)
+        future = mesh.doze.call(3)
         reports = []
         both = "[ranks 0-1] actor 'sleepers': 1 task awaiting\n  task 1, awaiting:"
         assert wait_for(lambda: both in _last(reports, mesh.stacks()).text(), 30), reports[-1]
         text = reports[-1].text()
         assert ", in doze\n" in text
-        assert future.get(timeout=60).values() == [6, 6]
+        assert future.get(timeout=60).values() == [3, 3]
     finally:
         mesh.stop().get(timeout=10)
 
@@ -239,7 +239,7 @@ def test_a_blocking_cell_is_seen_from_another_thread(clean):
         target=lambda: seen.append(_stacks_until(clean, lambda r: _sleeping(r, [0, 1])))
     )
     thread.start()
-    clean.run("import time\ntime.sleep(4)")
+    clean.run("import time\ntime.sleep(2.5)")
     thread.join(30)
     assert seen and seen[0].summary is None and not seen[0].silent
 
