@@ -75,6 +75,9 @@ class Engine:
     def __init__(self, worker):
         self.worker = worker
         self.loop = worker.loop
+        # torch imported already (a worker forked from the forkserver) is the loop's thread's,
+        # else the rank's thread imports it: where the profiler first starts (rank/profiling.py)
+        self.torch_on_loop = "torch" in sys.modules
         self.host = socket.gethostname()
         self.identity: dict[str, Any] = {}
         self.device_info: dict[str, Any] = {}
@@ -344,8 +347,8 @@ class Engine:
                 self.reloader = rank_autoreload.Reloader()
             failed = self.reloader.before_cell() if reloading else None
             if failed is None:
-                profile = msg.get("profile")
-                with rank_profiling.profiled(profile, channel.outbox, msg["id"], self.loop):
+                profile, loop = msg.get("profile"), self.loop if self.torch_on_loop else None
+                with rank_profiling.profiled(profile, channel.outbox, msg["id"], loop):
                     ok, value = self._run_user(run)
         channel.outbox.end_cell(msg["id"])
         if failed is not None:
@@ -473,11 +476,6 @@ class EnginePlugin(WorkerPlugin):
         engine = worker.extensions.get("monarch")
         if engine is None:
             os.environ.setdefault("MPLBACKEND", "Agg")
-            # torch on the worker's main thread, where kineto then registers its client and a
-            # profiled cell first starts the profiler (rank/profiling.py); imported already
-            # in a worker forked from the forkserver
-            import torch  # noqa: F401
-
             engine = worker.extensions["monarch"] = Engine(worker)
             global _engine
             _engine = engine

@@ -46,12 +46,13 @@ _started_once = False  # this process's profiler has started (its first start is
 
 
 def _first_start(loop) -> None:
-    """Start and stop a profiler once on the worker's main thread, the first time. kineto
-    initialises itself at the process's first start, and only on the thread that imported torch
-    (its client registered there: the worker's main thread, or in a worker forked from the
-    forkserver, the thread it was forked from, which is the same as far as kineto knows). From
-    the rank's thread it skips that and prints "ERROR: External init callback must run in same
-    thread as registerClient" into the cell's output instead."""
+    """Start and stop a profiler once on the worker's main thread, the first time, where torch
+    was imported there (``loop`` given: a worker forked from the forkserver, whose main thread
+    is the thread it was forked from as far as kineto knows). kineto initialises itself at the
+    process's first start, and only on the thread that imported torch, where its client
+    registered; from any other it prints "ERROR: External init callback must run in same thread
+    as registerClient" into the cell's output instead. Where the rank's thread imported torch
+    (a worker spawned afresh), ``loop`` is None and the cell's own start is the first."""
     global _started_once
     if _started_once or loop is None:
         return

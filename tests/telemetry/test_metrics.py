@@ -215,7 +215,7 @@ def test_scheduler_snapshot_is_json(ctl, hub):
 
 
 def test_store_stays_bounded_under_a_flood(ctl, hub):
-    """10,000 log() calls a second on each rank for 10 s: few messages, bounded stores, and
+    """10,000 log() calls a second on each rank for 5 s: few messages, bounded stores, and
     every call accounted for as a row or as thinned out."""
     keep = 500
     hub.set_limits(scalar_rows=keep)
@@ -228,7 +228,7 @@ def test_store_stays_bounded_under_a_flood(ctl, hub):
         mesh = ctl.run(
             "import time\nfrom monarch_nb import log\n"
             "t0, n = time.monotonic(), 0\n"
-            "while time.monotonic() - t0 < 10.0:\n"
+            "while time.monotonic() - t0 < 5.0:\n"
             "    while n < (time.monotonic() - t0) * 10_000:\n"
             f"        log({name}=n * 0.5)\n"
             "        n += 1\n"
@@ -265,7 +265,7 @@ def test_store_stays_bounded_under_a_flood(ctl, hub):
         )
         broker = ctl.client.run_on_scheduler(_broker_length)
         assert broker <= metrics_store.BROKER_KEEP
-        rate = min(calls.values()) / 3.0
+        rate = min(calls.values()) / 5.0
         print(f"flood: {rate:,.0f} log() calls/s per rank, {len(batches)} batches")
     finally:
         unsubscribe()
