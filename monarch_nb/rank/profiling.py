@@ -117,25 +117,25 @@ def profiled(spec: dict[str, Any] | None, outbox, cell_id: str, loop=None):
             except Exception as e:
                 problem = f"the profiler could not stop: {e}"
         steps = prof.step_num if prof is not None else 0
-        outbox.emit({"ev": "profile", "id": cell_id, "steps": steps, **_payload(path, problem)})
-        if not os.path.exists(folder + "/kept"):
+        payload, keep = _payload(path, problem)
+        outbox.emit({"ev": "profile", "id": cell_id, "steps": steps, **payload})
+        if not keep:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _payload(path: str, problem: str | None) -> dict[str, Any]:
+def _payload(path: str, problem: str | None) -> tuple[dict[str, Any], bool]:
+    """The event's trace or what became of it, and whether the trace file stays on the host."""
+    if problem is None and not os.path.exists(path):
+        problem = "no trace: the cell ended before its first recorded step"
     if problem is not None:
-        return {"trace": None, "problem": problem}
-    if not os.path.exists(path):
-        return {"trace": None, "problem": "no trace: the cell ended before its first recorded step"}
+        return {"trace": None, "problem": problem}, False
     with open(path, "rb") as f:
         packed = gzip.compress(f.read(), compresslevel=3)
     if len(packed) > MAX_TRACE_BYTES:
-        kept = os.path.join(os.path.dirname(path), "kept")
-        os.rename(path, kept)
-        return {
-            "trace": None,
-            "problem": f"its trace is {len(packed) / 2**20:.0f} MiB gzipped, over the "
-            f"{MAX_TRACE_BYTES // 2**20} MiB sent back; it is on its host at {kept} "
-            "(profile fewer steps: --profile active=1)",
-        }
-    return {"trace": packed, "problem": None}
+        problem = (
+            f"its trace is {len(packed) / 2**20:.0f} MiB gzipped, over the "
+            f"{MAX_TRACE_BYTES // 2**20} MiB sent back; it is on its host at {path} "
+            "(profile fewer steps: --profile active=1)"
+        )
+        return {"trace": None, "problem": problem}, True
+    return {"trace": packed, "problem": None}, False
