@@ -2,7 +2,7 @@
 
     python benchmarks/bench_training.py [--steps 300] [--repeats 3] [--model monarch|dense]
 
-1. ``torchrun --nproc-per-node 2 train_digits.py`` (monarch_nb/examples/, the script notebook 03
+1. ``torchrun --nproc-per-node 2 train_digits.py`` (monarch_nb/examples/, the script notebook 04
    runs)
 2. ``%monarch run train_digits.py`` (``controller.launch.run_script``) on a 2-rank cluster
 3. a ``%%monarch`` cell that calls the script's ``main()`` inside the cluster's process group

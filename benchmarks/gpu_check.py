@@ -14,7 +14,7 @@ with one line per part, passed or failed, with its headline numbers:
     part 3a controller     %monarch up in a real IPython shell (one worker pinned to the GPU), a
                            cell training MonarchLinear for 20 s, NVML's utilization and memory
                            against torch's, %monarch down leaving no process
-    part 3b notebook 03    notebooks/03-distributed-training.ipynb run by a Jupyter kernel
+    part 3b notebook 04    notebooks/04-distributed-training.ipynb run by a Jupyter kernel
 
 The GPU machine cannot reach a package registry and its python3 has torch, Triton and pytest
 but not Dask, IPython or Jupyter: those travel as wheels, downloaded here once (for its Python
@@ -76,7 +76,7 @@ PARTS = [
     Part("1", "kernels tests", 110, 60, parts.kernels_tests),
     Part("2", "kernel bench", 150, 60, parts.kernel_bench),
     Part("3a", "controller", 100, 60, parts.controller),
-    Part("3b", "notebook 03", 100, 90, parts.notebook),
+    Part("3b", "notebook 04", 100, 90, parts.notebook),
     # gpu_kernels.sh's two other steps, for kernel work; not in the default run's budget
     Part("probe", "stage probe", 150, 60, parts.stage_probe, default=False),
     Part("tune", "config timings", 150, 60, parts.tune, default=False),

@@ -1,5 +1,5 @@
 """Parts 3a and 3b of benchmarks/gpu_check.py: the controller on the machine's GPU, driven from
-a real IPython shell, and notebook 03 run by a real Jupyter kernel.
+a real IPython shell, and notebook 04 run by a real Jupyter kernel.
 
     python benchmarks/gpu_check_controller.py controller --result r.json [--cpu]
     python benchmarks/gpu_check_controller.py notebook --result r.json --out DIR [--cpu]
@@ -21,7 +21,7 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOK = ROOT / "notebooks" / "03-distributed-training.ipynb"
+NOTEBOOK = ROOT / "notebooks" / "04-distributed-training.ipynb"
 GIB = 2**30
 # The training cell: on a GPU the benchmark's headline case with 4 GiB of data on the device;
 # in the dry-run small enough for a 2-core machine
@@ -264,7 +264,7 @@ def notebook(cpu: bool, out: Path, limit: float) -> dict:
     except CellExecutionError as e:
         problems.append(str(e).strip().splitlines()[-1][:300])
     finally:
-        nbformat.write(nb, out / "notebook-03.ipynb")
+        nbformat.write(nb, out / "notebook-04.ipynb")
     cells = [(c.source.splitlines()[0], text_of(c), c) for c in nb.cells if c.cell_type == "code"]
     for first, text, cell in cells:
         if any(o["output_type"] == "error" for o in cell.get("outputs", [])) and not problems:

@@ -51,7 +51,7 @@ OUR_FILES = (
     "bench.txt",
     "bench.json",
     "controller.log",
-    "notebook-03.ipynb",
+    "notebook-04.ipynb",
     "probe.log",
     "tune.log",
     "summary.txt",

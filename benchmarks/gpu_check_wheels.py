@@ -3,7 +3,7 @@
 The GPU machine reaches no package registry. Its python3 (3.12, in the device tool's image)
 has torch, Triton, pytest, pytest-timeout, pytest-xdist, psutil, nvidia-ml-py, scikit-learn,
 numpy, pandas and the small libraries they need (the device tool's KINDS.md lists them), but
-not Dask, IPython, Jupyter or bokeh. WHEELS is what the controller and notebook 03 need beyond
+not Dask, IPython, Jupyter or bokeh. WHEELS is what the controller and notebook 04 need beyond
 that image: the closure of monarch-nb's requirements, ipykernel, ipywidgets, jupyter_bokeh,
 nbclient and nbformat, less what the image has. Each is fetched at the version this
 environment has, so that the GPU machine runs what the suite here tests: about 28 MB, inside

@@ -1,6 +1,6 @@
 """What the first use of the Monarch kernels costs on a GPU, against the steady state.
 
-Notebook 03's model (``MonarchLinear`` 64 -> 256 -> 256 in 4 blocks, then ``nn.Linear`` to 10
+Notebook 04's model (``MonarchLinear`` 64 -> 256 -> 256 in 4 blocks, then ``nn.Linear`` to 10
 classes; batch 64, Adam) trained for 60 steps, then evaluated on 899 rows (a new batch size),
 each variant in a process of its own with a Triton cache of its own:
 
@@ -139,7 +139,7 @@ def main() -> int:
     head = ("variant", "first step s", "later steps ms", "first eval (899 rows) s", "all s")
     gpu = torch.cuda.get_device_name()
     lines = [
-        f"notebook 03's model, batch 64, {args.steps} steps, on {gpu} "
+        f"notebook 04's model, batch 64, {args.steps} steps, on {gpu} "
         f"(torch {torch.__version__}, triton {_triton_version()})",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),

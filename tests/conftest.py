@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 
 import pytest
 
@@ -12,6 +13,10 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # Python then leaves as it is: the tests of Ctrl-C need it as a notebook's kernel has it.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+# `make test` runs the suite in two processes (pytest-xdist): each keeps the clusters it starts,
+# and the registry that lists them, in a Jupyter runtime directory of its own.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["JUPYTER_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="monarch-runtime-")
 
 
 @pytest.fixture(scope="module")

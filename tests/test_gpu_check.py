@@ -17,14 +17,14 @@ import pytest
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 SCRIPT = BENCHMARKS / "gpu_check.py"
-PARTS = ["part 1 kernels tests", "part 2 kernel bench", "part 3a controller", "part 3b notebook 03"]
+PARTS = ["part 1 kernels tests", "part 2 kernel bench", "part 3a controller", "part 3b notebook 04"]
 # what the GPU run writes too; the device tool brings back 8 files at most
 FILES = [
     "bench.json",
     "bench.txt",
     "controller.log",
     "kernels-tests.log",
-    "notebook-03.ipynb",
+    "notebook-04.ipynb",
     "setup.log",
     "summary.json",
     "summary.txt",
@@ -66,7 +66,7 @@ def test_the_dry_run_passes_every_part_and_writes_the_gpu_runs_files(tmp_path):
     assert controller["loss"][1] < controller["loss"][0]
     log = (out / "controller.log").read_text()
     assert "monarch-nb: started 1 rank" in log and "cluster shut down" in log
-    notebook = json.loads((out / "notebook-03.ipynb").read_text())
+    notebook = json.loads((out / "notebook-04.ipynb").read_text())
     outputs = [o for c in notebook["cells"] if c["cell_type"] == "code" for o in c["outputs"]]
     assert outputs and not any(o["output_type"] == "error" for o in outputs)
 

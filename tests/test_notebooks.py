@@ -2,7 +2,7 @@
 
 Every notebook is run once, in a real JupyterLab (tests/browser/test_notebooks_browser.py, which
 `make test` runs): nothing broken and every cell run, but where a cell is tagged
-`raises-exception`, and what notebooks 01 and 04 print (tests/_notebook_checks.py)."""
+`raises-exception`, and what notebooks 02 and 05 print (tests/_notebook_checks.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
 def test_there_are_notebooks():
-    assert any(p.name == "01-quickstart.ipynb" for p in NOTEBOOKS)
+    assert any(p.name == "02-working-with-the-cluster.ipynb" for p in NOTEBOOKS)
 
 
 IMPORT = re.compile(r"\s*(?:from|import)\s+([A-Za-z_]\w*)")

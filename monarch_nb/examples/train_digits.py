@@ -2,7 +2,7 @@
 on scikit-learn's digits (1,797 8x8 images that ship with the package).
 
 It runs unmodified under ``torchrun -m monarch_nb.examples.train_digits``, ``%monarch run -m
-monarch_nb.examples.train_digits`` (notebook 03) and, because it joins the process group only
+monarch_nb.examples.train_digits`` (notebook 04) and, because it joins the process group only
 when none exists, inside a ``%%monarch`` cell (``runpy.run_path(..., run_name="__main__")``).
 Rank 0 prints one JSON line with the measured steps per second.
 """

@@ -69,7 +69,7 @@ def browser():
 
 
 def test_there_are_notebooks():
-    assert any(p.name == "02-monarch-matrices.ipynb" for p in NOTEBOOKS)
+    assert any(p.name == "03-monarch-matrices.ipynb" for p in NOTEBOOKS)
 
 
 @pytest.mark.timeout(900)
@@ -84,7 +84,7 @@ def test_notebook_runs_in_the_browser_and_shows_nothing_broken(lab, browser, pat
         nbpage.page.wait_for_timeout(2000)  # widgets render and figures draw after the replies
         cells = nbpage.cells()
         picture = None
-        if path.name == "02-monarch-matrices.ipynb" and any(c["figures"] for c in cells):
+        if path.name == "03-monarch-matrices.ipynb" and any(c["figures"] for c in cells):
             # before the figures' own screenshots scroll a wide row sideways
             first = next(c for c in cells if c["figures"])
             picture = shot(nbpage.cell(first["index"]).locator(".jp-OutputArea"))
@@ -102,7 +102,7 @@ def test_notebook_runs_in_the_browser_and_shows_nothing_broken(lab, browser, pat
             CHECKS[path.name](cells)
         if picture is not None:
             IMAGES.mkdir(parents=True, exist_ok=True)
-            (IMAGES / "notebook02-figure.png").write_bytes(picture)
+            (IMAGES / "monarch-matrices-figure.png").write_bytes(picture)
     finally:
         nbpage.close()
 

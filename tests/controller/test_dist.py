@@ -108,7 +108,7 @@ def test_run_a_torchrun_style_script(cell, clean, tmp_path, monkeypatch):
 
 
 def test_run_a_module_of_the_package_as_python_m_does(cell, clean, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # nothing here: notebook 03's script ships in the package
+    monkeypatch.chdir(tmp_path)  # nothing here: notebook 04's script ships in the package
     cell("%monarch run -m monarch_nb.examples.train_digits --model dense --steps 2 --warmup 1")
     assert '[rank 0] {"model": "dense", "world": 2' in cell.out, cell.out
     assert "-m monarch_nb.examples.train_digits exited with code 0 on ranks 0-1" in cell.out

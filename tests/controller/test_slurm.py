@@ -1,5 +1,5 @@
 """A real Slurm runs the ranks: munged, slurmctld and slurmd on this machine (tests/_slurm.py),
-dask-jobqueue's SLURMCluster through monarch_nb/examples/slurm_site.py (the factory notebook 05
+dask-jobqueue's SLURMCluster through monarch_nb/examples/slurm_site.py (the factory notebook 06
 uses), one Slurm job per rank.
 
 Skipped, in one line, only where Slurm is not installed or the test is not root; where it is
@@ -208,12 +208,12 @@ def test_a_job_that_never_starts_is_named_with_its_slurm_state(
 
 
 def test_notebook_05_runs_its_slurm_part_on_slurm(slurm, tmp_path):
-    """tests/browser/test_notebooks_browser.py runs all of notebook 05 where no Slurm answers
+    """tests/browser/test_notebooks_browser.py runs all of notebook 06 where no Slurm answers
     (its Slurm part on a local cluster); here its Slurm part, the ``%monarch scale`` cells
     included, runs on Slurm, up to the ``%monarch down`` that ends it (the rest, a scheduler
     and workers as processes, is the same either way). From a directory with nothing beside
     it, as a notebook handed out runs."""
-    nb = nbformat.read(NOTEBOOKS / "05-scaling-out.ipynb", as_version=4)
+    nb = nbformat.read(NOTEBOOKS / "06-scaling-out.ipynb", as_version=4)
     end = next(i for i, c in enumerate(nb.cells) if c.source.strip() == "%monarch down")
     nb.cells = nb.cells[: end + 1]
     NotebookClient(

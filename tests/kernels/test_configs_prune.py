@@ -1,7 +1,7 @@
 """``configs.prune``, the autotuner's early prune: which configs a launch's sizes can tell apart.
 
 Read without a GPU: the prune sees only the launch's sizes. On an H200 the first step of
-notebook 03's small model spent 114 s compiling and timing every config of every launch."""
+notebook 04's small model spent 114 s compiling and timing every config of every launch."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def _tile(cfg) -> tuple[int, int, int]:
 @pytest.mark.parametrize("kind", ["stage", "wgrad"])
 def test_a_small_launch_runs_one_config_untimed(backend, kind):
     configs = SETS[backend](kind)
-    # notebook 03: batch 64, 4 blocks of 64 (and of 16 into the first layer)
+    # notebook 04: batch 64, 4 blocks of 64 (and of 16 into the first layer)
     for sizes in [(64, 4, 64, 16), (64, 4, 64, 64), (899, 4, 64, 64)]:
         args = _sizes(kind, *sizes)
         assert args["B"] * args["NBLK"] * args["NOUT"] * args["NRED"] < TINY

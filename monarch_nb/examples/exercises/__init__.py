@@ -1,0 +1,57 @@
+"""The course's exercises: a checker per exercise, which says whether an answer is right and why.
+
+An exercise cell in a notebook reads::
+
+    answer = ...  # your answer here
+    check.ddp_bytes(answer)
+
+and each checker prints one line (``right: ...``, ``not quite: ...`` or ``not answered yet``) and
+returns whether the answer was right; it never raises, so a notebook run top to bottom with its
+exercises unanswered still runs. The answers are in ``notebooks/answers/``, a notebook per lesson
+that a teacher can withhold. Each lesson's checkers are a module here, named for its topic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+RIGHT, WRONG, UNANSWERED = "right", "not quite", "not answered yet"
+
+
+def verdict(right: bool, why: str) -> bool:
+    """Print the verdict on an answer, with why; return whether it was right."""
+    print(f"{RIGHT if right else WRONG}: {why}")
+    return right
+
+
+def answered(answer: Any, hint: str) -> bool:
+    """Whether ``answer`` was given (not ``...``); if not, say so with ``hint``."""
+    if answer is ...:
+        print(f"{UNANSWERED}: {hint}")
+        return False
+    return True
+
+
+def close(answer: Any, expected: float, rel: float = 0.02) -> bool:
+    """Whether ``answer`` is a number within ``rel`` of ``expected``."""
+    try:
+        value = float(answer)
+    except (TypeError, ValueError):
+        return False
+    return abs(value - expected) <= rel * abs(expected)
+
+
+def checker(hint: str) -> Callable[[Callable[..., bool]], Callable[..., bool]]:
+    """Decorate a check ``f(answer, ...) -> bool`` so that ``...`` is met with ``hint``."""
+
+    def wrap(f: Callable[..., bool]) -> Callable[..., bool]:
+        def check(answer: Any = ..., *args: Any, **kwargs: Any) -> bool:
+            if not answered(answer, hint):
+                return False
+            return f(answer, *args, **kwargs)
+
+        check.__name__, check.__qualname__, check.__doc__ = f.__name__, f.__qualname__, f.__doc__
+        return check
+
+    return wrap
