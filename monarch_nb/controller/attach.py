@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -205,6 +206,7 @@ def replace(
             with ctl._replacing:
                 if not _still_lost(ctl, rank, old):
                     return _taken(ctl, rank, old)
+                ctl.setting_up.add(rank)  # a cell waits until it is set up (wait_set_up)
                 ctl.ranks[rank] = info
                 try:
                     open_links(ctl, [info])
@@ -212,34 +214,60 @@ def replace(
                     # gone as it attached (killed again, say): the nanny starts another, which
                     # is waited for in its turn, within the same deadline
                     ctl._notice(f"rank {rank}: its replacement could not attach: {e}")
+                    ctl.setting_up.discard(rank)
                     info.alive = False
                     old = info
                     continue
-            healing = rank in ctl.healing_ranks  # a fault-tolerant cell takes it back (healing.py)
-            if not healing:
-                ctl._notice(
-                    f"rank {rank}: a replacement worker took its place with an "
-                    "empty namespace (what the old one held is lost)"
-                )
-            if regroup and ctl.ft is not None and ctl._router.busy():
-                # the others train on: formed before the next cell
-                ctl.regroup_pending = f"rank {rank} was replaced while a cell ran"
-            elif regroup:
-                try:
-                    ctl._form_group()
-                except CellError:  # another rank is lost too: formed once it is back
-                    ctl.regroup_pending = f"rank {rank} was replaced while another was lost"
-                except ClusterError:  # the cluster went down meanwhile
-                    return False
-                if ctl.dist_backend:
-                    ctl._notice(f"the {ctl.dist_backend} process group was formed again")
-            code_sync.resend(ctl, [rank])
-            ctl.rejoined[rank] = info
-            if not healing:
-                setup_cells.replay_or_say(ctl, [rank])
-            return True
+            try:
+                return _set_up(ctl, rank, info, regroup)
+            finally:
+                ctl.setting_up.discard(rank)
         time.sleep(0.25)
     return False
+
+
+def _set_up(ctl: Controller, rank: int, info: RankInfo, regroup: bool) -> bool:
+    """The replacement ``info`` of ``rank``, attached: the group formed again with it, the
+    code synced and the --setup cells run there again; False if the cluster went down."""
+    healing = rank in ctl.healing_ranks  # a fault-tolerant cell takes it back (healing.py)
+    if not healing:
+        ctl._notice(
+            f"rank {rank}: a replacement worker took its place with an "
+            "empty namespace (what the old one held is lost)"
+        )
+    if regroup and ctl.ft is not None and ctl._router.busy():
+        # the others train on: formed before the next cell
+        ctl.regroup_pending = f"rank {rank} was replaced while a cell ran"
+    elif regroup:
+        try:
+            ctl._form_group()
+        except CellError:  # another rank is lost too: formed once it is back
+            ctl.regroup_pending = f"rank {rank} was replaced while another was lost"
+        except ClusterError:  # the cluster went down meanwhile
+            return False
+        if ctl.dist_backend:
+            ctl._notice(f"the {ctl.dist_backend} process group was formed again")
+    code_sync.resend(ctl, [rank])
+    ctl.rejoined[rank] = info
+    if not healing:
+        setup_cells.replay_or_say(ctl, [rank])
+    return True
+
+
+def wait_set_up(ctl: Controller, ranks: list[int]) -> None:
+    """Before a cell: a replacement among ``ranks`` that attached but is not set up yet (the
+    group forming with it, its --setup cells running again) is waited for, so that the cell
+    does not run there without them. Ctrl-C stops waiting; the cell is not sent."""
+    waiting = sorted(ctl.setting_up.intersection(ranks))
+    if not waiting:
+        return
+    print(
+        f"monarch-nb: waiting for {format_ranks(waiting)} to be set up as a replacement first "
+        "(interrupt to stop waiting)",
+        file=sys.stderr,
+    )
+    while ctl.setting_up.intersection(ranks) and not ctl.closed:
+        time.sleep(0.05)
 
 
 def _taken(ctl: Controller, rank: int, old: RankInfo) -> bool:

@@ -52,6 +52,7 @@ from monarch_nb.controller.dist import (
     adopt_group,
     form_group,
     form_if_pending,
+    interrupt_cut,
     regroup_after_interrupt,
 )
 from monarch_nb.dispatch import dispatch, gathering, interrupting, syntax
@@ -142,6 +143,7 @@ class Controller:
         self.mesh_error: str | None = None
         self._group_lock = threading.Lock()
         self._replacing = threading.Lock()  # two waiters for one lost rank's replacement
+        self.setting_up: set[int] = set()  # replacements attached, not yet set up
         # A kept cluster's entry (kept.py): its host, not this kernel, started the workers.
         self.kept = kept
         self.taken: str | None = None  # why another kernel took this kept cluster (keep.py)
@@ -173,6 +175,9 @@ class Controller:
         """A request's outcomes, before they settle (dispatch/dispatch.py): an interrupt that
         left the ranks at different collectives has the process group formed again."""
         regroup_after_interrupt(self, req, outcomes)
+
+    def _interrupt_cut(self, req) -> str | None:
+        return interrupt_cut(self, req)
 
     def _send_comm(self, rank: int, msg: dict[str, Any]) -> bool:
         """A browser's message to a widget on ``rank``, on its control comm: not queued behind
@@ -274,6 +279,7 @@ class Controller:
         # IPython's syntax (``!cmd``, ``%time``) becomes Python here; a SyntaxError or a magic
         # the ranks lack is reported before anything is sent.
         cell = code if isinstance(code, syntax.ParsedCell) else syntax.parse(code)
+        attach.wait_set_up(self, ranks)  # a replacement the cell would find without setup
         form_if_pending(self, ranks)
         if block and not quiet:
             dispatch.say_waiting(self, ranks, "this cell")

@@ -141,6 +141,10 @@ def regroup_after_interrupt(ctl, req, outcomes: dict[int, dict]) -> None:
     if ctl.closed or not ctl.dist_backend or req.kind != "execute":
         return
     released = req.on_failure is not None and req.on_failure.cut_at is not None
+    if not released and any(map(_interrupted, outcomes.values())):
+        for rank, ev in outcomes.items():  # its collective ended by the interrupt's cut
+            if ev.get("collective"):
+                outcomes[rank] = _SET_FREE
     if released or any(ev.get("collective") for ev in outcomes.values()):
         why = (
             f"rank {req.on_failure.first} failed while the others waited for it"
@@ -193,6 +197,21 @@ def regroup_after_interrupt(ctl, req, outcomes: dict[int, dict]) -> None:
             f"the process group was not formed again after the interrupt ({_short(e)}); "
             "the next cell tries again"
         )
+
+
+def interrupt_cut(ctl, req) -> str | None:
+    """What a ``--noblock`` cell's interrupt cuts besides: "group" where the cell runs on every
+    rank and the ranks stand at different collectives, some waiting in one their peers will not
+    call, which an interrupt alone does not end (the ranks' thread is in gloo's or NCCL's C
+    code). Their collective then fails at once, and the next cell forms the group again
+    (``form_if_pending``), as after a blocking cell's interrupt."""
+    if ctl.closed or not ctl.dist_backend or ctl.ft is not None or len(req.ranks) != ctl.world_size:
+        return None
+    try:
+        counts = _counts(ctl, req.ranks, timeout=2)
+    except Exception:  # a rank lost meanwhile: the interrupt goes as it is
+        return None
+    return "group" if counts is not None and len(set(counts)) > 1 else None
 
 
 def _after_failure(ctl, req, outcomes: dict[int, dict], why: str) -> None:
@@ -254,11 +273,11 @@ def form_if_pending(ctl, ranks: list[int]) -> None:
         ) from None
 
 
-def _counts(ctl, ranks: list[int]) -> list[int] | None:
+def _counts(ctl, ranks: list[int], timeout: float = 5) -> list[int] | None:
     """Each rank's count of collectives on the default group, read on its event loop (also
     while its thread waits in one); None where a rank did not say. Equal counts mean in step:
     a rank still running then is in some other C call, which the group has nothing to do with."""
-    info = ctl.rank_info(ranks)
+    info = ctl.rank_info(ranks, timeout=timeout)
     counts = [info.get(r, {}).get("info", {}).get("collectives") for r in ranks]
     return None if None in counts else counts
 

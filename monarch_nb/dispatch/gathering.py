@@ -132,7 +132,10 @@ def settle(
         raise CellError(errors, ValueMesh(values), ranks, cause=cause(outcomes, errors, first))
     reason, running = stopped
     stuck = [r for r in running if r not in outcomes]
-    stopped_ranks = [r for r in running if r in outcomes]
+    # and those the interrupt ended before it was noticed here (a background cell's, whose
+    # collective its cut ended at once: controller/dist.py)
+    ended = {r for r, e in errors.items() if e.ename == "KeyboardInterrupt"}
+    stopped_ranks = [r for r in ranks if r in outcomes and (r in running or r in ended)]
     if reason == "timeout":
         were = "was" if len(running) == 1 else "were"
         headline = (

@@ -77,7 +77,10 @@ class CellHandle:
         return self._value
 
     def interrupt(self) -> None:
-        dispatch.send_interrupt(self._ctl, self._req.ranks, self._req.id)
+        # ranks waiting in a collective their peers will not call are set free too, as a
+        # blocking cell's are (controller/dist.py); the next cell forms the group again
+        cut = self._ctl._interrupt_cut(self._req)
+        dispatch.send_interrupt(self._ctl, self._req.ranks, self._req.id, cut=cut)
         self._stop.set()
 
     @property

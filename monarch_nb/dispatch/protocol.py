@@ -37,3 +37,6 @@ class Ctl(Protocol):
 
     def _regroup_after_interrupt(self, req: Request, outcomes: dict[int, dict]) -> None:
         """Form the process group again where an interrupt left the ranks out of step."""
+
+    def _interrupt_cut(self, req: Request) -> str | None:
+        """What a ``--noblock`` cell's interrupt cuts as well (``send_interrupt``'s ``cut``)."""

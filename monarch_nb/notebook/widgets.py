@@ -219,7 +219,9 @@ class LivePanel:
             try:
                 if not self.ctl.closed:  # ranks that did not answer would not answer this
                     silent = self.ctl.unanswering
-                    answering = [r.address for r in self.ctl.ranks if r.rank not in silent]
+                    answering = [  # not a lost rank's worker: the scheduler would retry it
+                        r.address for r in self.ctl.ranks if r.alive and r.rank not in silent
+                    ]
                     self.ctl.metrics.catch_up(timeout=2, workers=answering)
                 self.refresh()
                 self.publish()

@@ -76,6 +76,17 @@ def test_sigkill_mid_cell_names_the_rank_and_the_replacement_takes_it(own):
     assert own.run("import os\nos.getpid()", targets=1).item() != pid
 
 
+def test_a_cell_waits_for_a_replacement_attached_but_not_yet_set_up(clean, capsys):
+    # between a replacement's attaching and its --setup cells' running again (attach.py), a
+    # cell would find there none of what they define: it waits for them instead
+    clean.setting_up.add(1)
+    threading.Timer(1.0, clean.setting_up.discard, [1]).start()
+    start = time.monotonic()
+    assert clean.run("rank").values() == [0, 1]
+    assert time.monotonic() - start >= 1.0
+    assert "waiting for rank 1 to be set up as a replacement first" in capsys.readouterr().err
+
+
 # -- the scheduler killed -----------------------------------------------------------------------
 @pytest.fixture
 def outside_cluster(tmp_path):

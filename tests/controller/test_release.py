@@ -86,6 +86,27 @@ def test_a_collective_that_gave_up_is_never_handed_to_the_next_cell(cell, clean)
     assert cell(f"%%monarch\n{ALL_REDUCE}").values() == [2.0, 2.0]
 
 
+def test_a_background_cell_interrupted_in_a_collective_its_peer_never_calls_ends_at_once(clean):
+    # rank 0 waits in an all_reduce that rank 1 never calls: the interrupt alone cannot end a
+    # wait in gloo's C code, so the handle's interrupt cuts the group too; the next cell finds
+    # it formed again instead of waiting out the group's timeout (30 s) behind rank 0
+    handle = clean.run(
+        "import torch, torch.distributed as dist\n"
+        "if rank == 0:\n    dist.all_reduce(torch.ones(1))",
+        block=False,
+    )
+    assert wait_for(
+        lambda: "rank 0 waits in all_reduce" in (clean.stacks().summary or ""), timeout=10
+    )
+    start = time.monotonic()
+    handle.interrupt()
+    with pytest.raises(CellError) as info:
+        handle.result(timeout=RELEASED_WITHIN)
+    assert {r: e.ename for r, e in info.value.errors.items()} == {0: "KeyboardInterrupt"}
+    assert clean.run(ALL_REDUCE).values() == [2.0, 2.0]
+    assert time.monotonic() - start < RELEASED_WITHIN
+
+
 def test_fsdp_on_a_2d_mesh_is_released_and_trains_again(mesh4, cell):
     setup = """
     %%monarch
