@@ -14,7 +14,12 @@ def actors(cells: list[dict]) -> None:
     assert (
         "'ping from gpus=0',\n 'pong from gpus=1'" in out["from monarch_nb.actors import context"]
     )
-    first, last = (float(x) for x in out["import torch"].split("loss ")[-1].split(" -> "))
+    # each counter its own value; the pings of 7 volleys, player 0 serving
+    assert "ValueMesh({0: 7, 1: 7})" in out['tally = mesh.spawn("tally", Counter, 0)']
+    assert out["lines = players.slice(gpus=0).volley.call_one(players, 7).get()"].strip() == "4"
+    trained = out['ps = mesh.slice(gpus=0).spawn("ps", ParameterServer)']
+    assert "(2 gradient dicts averaged)" in trained
+    first, last = (float(x) for x in trained.split("loss ")[-1].split(" -> "))
     assert last < first / 10
     assert "ZeroDivisionError: division by zero" in out["import os"]
     assert "return 1 / x" in out["import os"]  # the cell's own source line, from the worker
@@ -30,6 +35,11 @@ def actors(cells: list[dict]) -> None:
         r"connection to the scheduler closed)",
         out["for name, rank, cause in actors.dead_actors():"],
     )
+    assert "and (c) gives 0.5" in out["for name, rank, cause in actors.dead_actors():"]
+    # the exercises, unanswered, say so and run on
+    asked = [text for line, text in out.items() if line.startswith("answer = ...")]
+    asked.append(out["from monarch_nb.examples.exercises import actors as check"])
+    assert len(asked) == 5 and all(t.startswith("not answered yet: ") for t in asked), asked
 
 
 CHECKS = {"05-actors.ipynb": actors}

@@ -9,8 +9,11 @@ def quickstart(cells: list[dict]) -> None:
     by_source = by_first_line(cells)
     every = by_source["%%monarch"]
     assert "[rank 0] rank 0 of 2" in every and "[ranks 0-1] every rank prints this line" in every
+    scattered = next(text_of(c) for c in cells if "print(rank, shard)" in c["source"])
+    assert "[rank 1] 1 [5, 6, 7, 8, 9]" in scattered  # the answer to exercise 1
     assert "1 of 2 ranks failed" in by_source["%%monarch --out partial"]
     assert "ZeroDivisionError" in by_source["%%monarch --out partial"]
+    assert "ValueMesh({0: -1.0})" in by_source["partial  # the ranks that succeeded: rank 0"]
     assert "ran past --timeout 2 s" in by_source["%%monarch --timeout 2"]
     shell = next(text_of(c) for c in cells if "!echo" in c["source"])
     assert "[rank 1] rank 1 runs in notebooks" in shell and "Wall time:" in shell

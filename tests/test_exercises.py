@@ -77,9 +77,24 @@ def test_an_unanswered_exercise_says_so_and_is_not_right(capsys):
     def bytes_sent(answer):
         return exercises.verdict(answer == 4, "4 bytes a float32")
 
-    assert bytes_sent(...) is False
+    assert not bytes_sent(...)
     assert capsys.readouterr().out == "not answered yet: replace ... with a number\n"
-    assert bytes_sent(3) is False
+    assert not bytes_sent(3)
     assert capsys.readouterr().out == "not quite: 4 bytes a float32\n"
-    assert bytes_sent(4) is True
+    assert bytes_sent(4)
     assert capsys.readouterr().out == "right: 4 bytes a float32\n"
+
+
+def test_a_verdict_is_said_once_in_a_notebook_and_is_true_or_false_as_a_bool(shell, capsys):
+    shell.run_cell(
+        "from monarch_nb.examples.exercises import checker, verdict\n"
+        "@checker('replace ... with a number')\n"
+        "def four(answer):\n"
+        "    return verdict(answer == 4, '4 bytes a float32')\n"
+        "ok = four(4)",
+        store_history=False,
+    )
+    assert capsys.readouterr().out == "right: 4 bytes a float32\n"
+    ok = shell.user_ns["ok"]
+    assert ok and ok == True and not exercises.Verdict(False)  # noqa: E712
+    assert shell.display_formatter.format(ok) == ({}, {})  # nothing shown under the line

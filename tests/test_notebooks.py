@@ -16,7 +16,7 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
 def test_there_are_notebooks():
-    assert any(p.name == "02-working-with-the-cluster.ipynb" for p in NOTEBOOKS)
+    assert any(p.name == "01-ranks-and-collectives.ipynb" for p in NOTEBOOKS)
 
 
 IMPORT = re.compile(r"\s*(?:from|import)\s+([A-Za-z_]\w*)")

@@ -6,8 +6,9 @@ An exercise cell in a notebook reads::
     check.ddp_bytes(answer)
 
 and each checker prints one line (``right: ...``, ``not quite: ...`` or ``not answered yet``) and
-returns whether the answer was right; it never raises, so a notebook run top to bottom with its
-exercises unanswered still runs. The answers are in ``notebooks/answers/``, a notebook per lesson
+returns whether the answer was right, as a ``Verdict`` that the notebook does not show again
+under the line; it never raises, so a notebook run top to bottom with its exercises unanswered
+still runs. The answers are in ``notebooks/answers/``, a notebook per lesson
 that a teacher can withhold. Each lesson's checkers are a module here, named for its topic.
 """
 
@@ -17,6 +18,31 @@ from collections.abc import Callable
 from typing import Any
 
 RIGHT, WRONG, UNANSWERED = "right", "not quite", "not answered yet"
+
+
+class Verdict:
+    """Whether an answer was right: true or false as a bool is, shown by the line the checker
+    printed rather than again as ``True`` or ``False`` under it."""
+
+    __slots__ = ("right",)
+
+    def __init__(self, right: bool):
+        self.right = bool(right)
+
+    def __bool__(self) -> bool:
+        return self.right
+
+    def __eq__(self, other: object) -> bool:
+        return self.right == other
+
+    def __hash__(self) -> int:
+        return hash(self.right)
+
+    def __repr__(self) -> str:
+        return repr(self.right)
+
+    def _ipython_display_(self) -> None:
+        """Nothing: the checker's line said it."""
 
 
 def verdict(right: bool, why: str) -> bool:
@@ -42,14 +68,15 @@ def close(answer: Any, expected: float, rel: float = 0.02) -> bool:
     return abs(value - expected) <= rel * abs(expected)
 
 
-def checker(hint: str) -> Callable[[Callable[..., bool]], Callable[..., bool]]:
-    """Decorate a check ``f(answer, ...) -> bool`` so that ``...`` is met with ``hint``."""
+def checker(hint: str) -> Callable[[Callable[..., bool]], Callable[..., Verdict]]:
+    """Decorate a check ``f(answer, ...) -> bool`` so that ``...`` is met with ``hint`` and the
+    result is a ``Verdict``."""
 
-    def wrap(f: Callable[..., bool]) -> Callable[..., bool]:
-        def check(answer: Any = ..., *args: Any, **kwargs: Any) -> bool:
+    def wrap(f: Callable[..., bool]) -> Callable[..., Verdict]:
+        def check(answer: Any = ..., *args: Any, **kwargs: Any) -> Verdict:
             if not answered(answer, hint):
-                return False
-            return f(answer, *args, **kwargs)
+                return Verdict(False)
+            return Verdict(f(answer, *args, **kwargs))
 
         check.__name__, check.__qualname__, check.__doc__ = f.__name__, f.__qualname__, f.__doc__
         return check
