@@ -49,8 +49,10 @@ slurm:
 	@test -x /usr/sbin/slurmctld -a -x /usr/sbin/slurmd -a -x /usr/sbin/munged || \
 		(apt-get update -q && apt-get install -y -q slurm-wlm munge)
 
+# Two pytest processes (pytest-xdist), a test file each at a time: most tests wait on workers,
+# kernels and the browser rather than compute.
 test: lint browser slurm
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 bench: setup
 	@$(PY) -c "import ipyparallel, monarch.actor" 2>/dev/null || $(PY) -m pip install -q -e '.[dev,bench]'
