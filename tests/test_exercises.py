@@ -68,6 +68,7 @@ def test_every_checker_is_answered_and_asked(topic):
         text = path.read_text()
         if module in text:
             asked = asked | set(CALL.findall(text))
+    assert checkers(topic), f"{topic} has no checkers"
     assert checkers(topic) <= answered, f"not answered: {sorted(checkers(topic) - answered)}"
     assert checkers(topic) <= asked, f"in no lesson: {sorted(checkers(topic) - asked)}"
 

@@ -14,6 +14,7 @@ that a teacher can withhold. Each lesson's checkers are a module here, named for
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -78,7 +79,6 @@ def checker(hint: str) -> Callable[[Callable[..., bool]], Callable[..., Verdict]
                 return Verdict(False)
             return Verdict(f(answer, *args, **kwargs))
 
-        check.__name__, check.__qualname__, check.__doc__ = f.__name__, f.__qualname__, f.__doc__
-        return check
+        return functools.wraps(f)(check)
 
     return wrap
