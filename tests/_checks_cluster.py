@@ -10,7 +10,7 @@ def quickstart(cells: list[dict]) -> None:
     every = by_source["%%monarch"]
     assert "[rank 0] rank 0 of 2" in every and "[ranks 0-1] every rank prints this line" in every
     scattered = next(text_of(c) for c in cells if "print(rank, shard)" in c["source"])
-    assert "[rank 1] 1 [5, 6, 7, 8, 9]" in scattered  # the answer to exercise 1
+    assert "[rank 1] 1 [5, 6, 7, 8, 9]" in scattered  # the answer to exercise 2
     assert "1 of 2 ranks failed" in by_source["%%monarch --out partial"]
     assert "ZeroDivisionError" in by_source["%%monarch --out partial"]
     assert "ValueMesh({0: -1.0})" in by_source["partial  # the ranks that succeeded: rank 0"]
@@ -18,6 +18,10 @@ def quickstart(cells: list[dict]) -> None:
     shell = next(text_of(c) for c in cells if "!echo" in c["source"])
     assert "[rank 1] rank 1 runs in notebooks" in shell and "Wall time:" in shell
     assert "ValueMesh({0: 'Linux', 1: 'Linux'})" in shell
+    # the exercises' answers, as the cells after them show them
+    assert "ValueMesh({1: 7})" in by_source["%%monarch --targets 1"]
+    echoed = next(text_of(c) for c in cells if "out = !echo {rank}" in c["source"])
+    assert "ValueMesh({1: ['1']})" in echoed, echoed
     background = by_source["%%monarch --noblock --out job"]
     assert "[ranks 0-1] step 2" in background  # arrives in the cell that started it
     assert "ValueMesh({0: 0, 1: 100})" in by_source["job.result(timeout=60)"]

@@ -13,7 +13,7 @@ def ranks_and_collectives(cells: list[dict]) -> None:
     assert "3: ([4.0], [10.0])" in reduced
     assert "3: ([40.0], [20.0])" in by_source["%%monarch --out broadcast"]
     exercises = [text_of(c) for c in cells if "check." in c["source"]]
-    assert len(exercises) == 6 and all("not answered yet:" in t for t in exercises)
+    assert len(exercises) == 7 and all("not answered yet:" in t for t in exercises)
     # the hang: stacks name the waiting ranks, the collective and the cell's line
     stacks = by_source["stuck.wait(1)  # give ranks 0 and 1 a second to reach the all_reduce"]
     assert "ranks 0-1 wait in all_reduce #" in stacks and "ranks 2-3 are at #" in stacks

@@ -26,6 +26,8 @@ import weakref
 from _netns import Network
 from _slurm import PARTITION, Slurm
 
+from monarch_nb.examples.slurm_site import slurm_cluster
+
 NODES = {"n0": 11, "n1": 12, "n2": 13}  # host role -> the last octet of its address
 # Seconds slurmctld waits for a node's slurmd before it sets the node DOWN (300 by default). It
 # pings every third of that: a node that died is out of the scheduler's choice (``*`` in sinfo)
@@ -99,9 +101,8 @@ def node_name(role: str) -> str:
 
 def make_cluster(jobs: int = 3):
     """``jobs`` Slurm jobs, one rank each, on the nodes of the test's Slurm."""
-    from dask_jobqueue import SLURMCluster
 
-    class Ranked(SLURMCluster):
+    class Ranked(slurm_cluster()):
         # worker names 0, 1, 2... are the ranks (job i is rank i)
         def _new_worker_name(self, worker_number):
             return worker_number

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import _thread
 import os
 import signal
 import tempfile
+import threading
 
 import pytest
 
@@ -17,6 +19,23 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 # and the registry that lists them, in a Jupyter runtime directory of its own.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["JUPYTER_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="monarch-runtime-")
+
+
+INTERRUPTS = (_thread.interrupt_main, os.kill, signal.pthread_kill, signal.raise_signal)
+
+
+@pytest.fixture(autouse=True)
+def _sigint_kept():
+    """A test leaves SIGINT as it found it: its handler (the Ctrl-C tests after it need
+    Python's own), and no Ctrl-C it scheduled (a timer's) left to land in the next test, where
+    it would interrupt whatever that test waits on."""
+    handler = signal.getsignal(signal.SIGINT)
+    yield
+    for timer in threading.enumerate():
+        if isinstance(timer, threading.Timer) and timer.function in INTERRUPTS:
+            timer.cancel()
+    if signal.getsignal(signal.SIGINT) is not handler and handler is not None:
+        signal.signal(signal.SIGINT, handler)
 
 
 @pytest.fixture(scope="module")

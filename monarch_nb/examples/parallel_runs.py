@@ -3,7 +3,7 @@ against one process's, the bytes its busiest rank sent, the memory a rank held, 
 
 from __future__ import annotations
 
-import monarch_nb
+from monarch_nb.errors import current
 
 
 class Runs:
@@ -28,7 +28,7 @@ class Runs:
         are skipped); keep them (unless not ``keep``), the most bytes a rank sent a step, and
         ``memory`` (the name of a ``parallel_costs.memory`` dict on the ranks: the largest of
         each); return the largest difference."""
-        ctl = monarch_nb.current()
+        ctl = current()
         against = self.reference if against is None else against
         pulled = ctl.pull("losses").values()
         runs = [losses for losses in pulled if losses]
@@ -50,7 +50,7 @@ class Runs:
         """The last profiled cell's timeline and numbers (``%%monarch --profile``), as
         ``name``'s; returns its rows (one a rank: step_ms, compute_ms, comm_ms, idle_ms,
         overlap)."""
-        self.profiles[name] = monarch_nb.current().last_profile
+        self.profiles[name] = current().last_profile
         return self.profiles[name].analysis.numbers.rows
 
     def table(self):

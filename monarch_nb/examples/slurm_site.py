@@ -14,13 +14,28 @@ from __future__ import annotations
 import functools
 import importlib.util
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import weakref
 
 INTERFACE = "lo"
+
+
+def slurm_cluster():
+    """dask-jobqueue's SLURMCluster, imported with the process's SIGINT handler kept: importing
+    dask_jobqueue sets one that exits the process (its runner module's), which would end a
+    notebook's kernel at the stop button and a script at its first Ctrl-C."""
+    sigint = signal.getsignal(signal.SIGINT)
+    try:
+        from dask_jobqueue import SLURMCluster
+    finally:
+        if threading.current_thread() is threading.main_thread() and sigint is not None:
+            signal.signal(signal.SIGINT, sigint)
+    return SLURMCluster
 
 
 @functools.cache
@@ -28,9 +43,8 @@ def ranked_cluster_class():
     """SLURMCluster, naming its workers 0, 1, 2... (``dask worker --name 0``), the names the
     controller takes as ranks; SLURMCluster's own names (``SLURMCluster-0``) would be ranked by
     host and address, an order that changes from one connect to the next."""
-    from dask_jobqueue import SLURMCluster
 
-    class RankedSLURMCluster(SLURMCluster):
+    class RankedSLURMCluster(slurm_cluster()):
         def _new_worker_name(self, worker_number):
             return worker_number
 

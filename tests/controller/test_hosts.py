@@ -32,6 +32,10 @@ from _wait import RANK_1_BUSY
 import monarch_nb
 from monarch_nb import errors as module
 
+# They add links to this machine's own network: make test runs them alone, after the rest
+# (a browser sees a network change and drops its requests).
+pytestmark = pytest.mark.netns
+
 TCP_TIMEOUT = 11  # s: distributed.comm.timeouts.tcp everywhere here (Dask allows no less than 11)
 WORKER_TTL = 5  # s: distributed.scheduler.worker-ttl
 SCHEDULER_PORT = 8786  # free by construction: the scheduler's namespace is new

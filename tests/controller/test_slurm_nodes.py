@@ -11,6 +11,7 @@ cannot make network namespaces; where they can, a Slurm that does not come up fa
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import threading
 import time
@@ -25,6 +26,10 @@ from _wait import wait_for
 import monarch_nb
 from monarch_nb import errors as module
 
+# They add links to this machine's own network: make test runs them alone, after the rest
+# (a browser sees a network change and drops its requests).
+pytestmark = pytest.mark.netns
+
 TCP_TIMEOUT = 11  # s: distributed.comm.timeouts.tcp everywhere here (Dask allows no less than 11)
 WORKER_TTL = 5  # s: distributed.scheduler.worker-ttl (the scheduler is the notebook's)
 WAIT = 120  # s for the jobs' workers to join: three workers importing torch on two cores
@@ -35,7 +40,8 @@ def slurm(tmp_path_factory):
     reason = _slurm.why_not() or _netns.why_not()
     if reason:
         pytest.skip(reason)
-    pytest.importorskip("dask_jobqueue", reason="dask-jobqueue is not installed (the dev extra)")
+    if importlib.util.find_spec("dask_jobqueue") is None:
+        pytest.skip("dask-jobqueue is not installed (the dev extra)")
     import dask
 
     network = _netns.Network(NODES, tmp_path_factory.mktemp("slurm-nodes"))

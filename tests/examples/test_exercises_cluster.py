@@ -43,3 +43,32 @@ def test_kept_sum(capsys):
     assert not check.kept_sum(1.0)
     assert "weights has 3 entries" in capsys.readouterr().out
     assert check.kept_sum(3.0)
+
+
+def test_targeted_values(capsys):
+    assert not check.targeted_values({0: 0, 1: 7})
+    assert "not quite: --targets 1 runs the cell on rank 1 only" in capsys.readouterr().out
+    assert not check.targeted_values(7)
+    assert "keyed by rank" in capsys.readouterr().out
+    assert check.targeted_values({1: 7})
+
+
+def test_shell_lines(capsys):
+    assert not check.shell_lines("1")
+    assert "not quite: out = !cmd keeps a list of lines" in capsys.readouterr().out
+    assert not check.shell_lines([1])
+    assert "the lines are strings" in capsys.readouterr().out
+    assert check.shell_lines(["1"])
+
+
+def test_count_survives(capsys):
+    assert not check.count_survives(False)
+    assert "not quite: the interrupt ends the loop, not the process" in capsys.readouterr().out
+    assert check.count_survives(True)
+
+
+def test_workers_after_down(capsys):
+    assert not check.workers_after_down(2)
+    assert "not quite: that is %monarch connect's cluster" in capsys.readouterr().out
+    assert not check.workers_after_down(False)  # a bool is no count
+    assert check.workers_after_down(0)

@@ -57,3 +57,11 @@ def test_stuck_ranks(capsys):
     assert check.stuck_ranks({0, 1, 2}, calls=calls, world_size=4)
     assert check.stuck_ranks(set(), calls=lambda rank: True, world_size=4)
     assert "every rank calls it" in capsys.readouterr().out
+
+
+def test_group_identity(capsys):
+    assert not check.group_identity([(0, 4)] * 4, world_size=4)
+    assert "not quite: each process is a different rank" in capsys.readouterr().out
+    assert not check.group_identity([(r, 1) for r in range(4)], world_size=4)
+    assert "counts every rank of the group" in capsys.readouterr().out
+    assert check.group_identity([(0, 4), (1, 4), (2, 4), (3, 4)], world_size=4)

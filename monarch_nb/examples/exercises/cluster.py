@@ -94,3 +94,53 @@ def kept_sum(answer) -> bool:
     if got == 1.0:
         return verdict(False, "weights has 3 entries")
     return verdict(False, "weights is torch.full((3,), float(rank)) on each rank")
+
+
+@checker("replace ... with a dict {rank: value}")
+def targeted_values(answer) -> bool:
+    """``%%monarch --targets 1`` on 2 ranks, ending with ``rank * 7``: its ValueMesh."""
+    got = dict(answer.items()) if hasattr(answer, "items") else answer
+    if got == {1: 7}:
+        return verdict(True, "only rank 1 ran the cell, so the ValueMesh has rank 1's value alone")
+    if got in ({0: 0, 1: 7}, [0, 7]):
+        return verdict(False, "--targets 1 runs the cell on rank 1 only: rank 0 returns nothing")
+    if got == 7:
+        return verdict(False, "a cell returns a ValueMesh, keyed by rank, even from one rank")
+    return verdict(False, "which ranks run the cell, and what rank * 7 is there")
+
+
+@checker("replace ... with what out holds on rank 1")
+def shell_lines(answer) -> bool:
+    """``out = !echo {rank}`` on rank 1: the command's output, as a list of lines."""
+    if answer == ["1"]:
+        return verdict(True, "out = !cmd keeps the output's lines, strings, in a list")
+    if answer in ("1", "1\n"):
+        return verdict(False, "out = !cmd keeps a list of lines, not one string")
+    if answer in ([1], 1):
+        return verdict(False, "a shell's output is text: the lines are strings")
+    return verdict(False, "{rank} is replaced by the rank's value before the shell runs")
+
+
+@checker("replace ... with True or False")
+def count_survives(answer) -> bool:
+    """After ``--timeout 2`` interrupted ``count += 1`` in a loop: does ``count > 0`` on every
+    rank (the namespace survives an interrupt, with what the loop did)."""
+    if answer is True:
+        return verdict(True, "an interrupt stops the cell, not the rank: count keeps its value")
+    if answer is False:
+        return verdict(
+            False, "the interrupt ends the loop, not the process: the namespace keeps count"
+        )
+    return verdict(False, "answer True or False")
+
+
+@checker("replace ... with a number")
+def workers_after_down(answer, started: int = 2) -> bool:
+    """After ``%monarch down`` of a cluster ``%monarch up`` started: its workers still running."""
+    if answer == 0 and answer is not False:
+        return verdict(True, "down stops the workers the notebook started (and their scheduler)")
+    if answer == started:
+        return verdict(
+            False, "that is %monarch connect's cluster, which down leaves to its owner; up's goes"
+        )
+    return verdict(False, "what %monarch down does to a cluster %monarch up started")

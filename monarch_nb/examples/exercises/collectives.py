@@ -127,3 +127,21 @@ def stuck_ranks(answer, calls: Callable[[int], bool], world_size: int) -> bool:
     if not expected:
         return verdict(False, "check the condition for each rank: does any rank skip it?")
     return verdict(False, "a rank waits where it called all_reduce and some peer never will")
+
+
+@checker("replace ... with a list of pairs, in rank order")
+def group_identity(answer, world_size: int) -> bool:
+    """What ``(dist.get_rank(), dist.get_world_size())`` returns on each of ``world_size`` ranks
+    of the group ``%monarch up`` formed."""
+    expected = [(r, world_size) for r in range(world_size)]
+    try:
+        got = [tuple(p) for p in (answer.values() if hasattr(answer, "values") else answer)]
+    except TypeError:
+        return verdict(False, "one pair a rank, in rank order")
+    if got == expected:
+        return verdict(True, "the group's ranks are monarch-nb's ranks, and it holds all of them")
+    if got == [(0, world_size)] * world_size:
+        return verdict(False, "each process is a different rank of the group")
+    if got == [(r, 1) for r in range(world_size)]:
+        return verdict(False, "the world size counts every rank of the group, not this one")
+    return verdict(False, "dist.get_rank() is the cell's rank; dist.get_world_size() the count")

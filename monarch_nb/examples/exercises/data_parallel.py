@@ -34,7 +34,7 @@ def block_params(answer, dim=32):
     return verdict(
         close(answer, expected, 0),
         f"4 attention Linears of {dim * dim + dim}, up "
-        f"and down of {5 * dim * dim // 1 - dim * dim + 4 * dim} and "
+        f"and down of {4 * dim * dim + 4 * dim} and "
         f"{4 * dim * dim + dim}, layer norms {4 * dim}: {expected:,} in all",
     )
 
