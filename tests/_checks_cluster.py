@@ -20,7 +20,9 @@ def quickstart(cells: list[dict]) -> None:
     assert "ValueMesh({0: 'Linux', 1: 'Linux'})" in shell
     # the exercises' answers, as the cells after them show them
     assert "ValueMesh({1: 7})" in by_source["%%monarch --targets 1"]
-    echoed = next(text_of(c) for c in cells if "out = !echo {rank}" in c["source"])
+    echoed = next(
+        text_of(c) for c in cells if c["source"].startswith("%%monarch --targets 1\nout = !echo")
+    )
     assert "ValueMesh({1: ['1']})" in echoed, echoed
     background = by_source["%%monarch --noblock --out job"]
     assert "[ranks 0-1] step 2" in background  # arrives in the cell that started it

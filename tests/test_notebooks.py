@@ -36,3 +36,13 @@ def test_a_notebook_handed_out_needs_nothing_beside_it():
                 if run or "../" in line:
                     problems.append(f"{path.name}: {line.strip()!r} names a file beside it")
     assert not problems, "\n".join(problems)
+
+
+def test_the_notebooks_are_kept_without_outputs():
+    """A student's copy shows only what their own run draws; the answers notebooks too."""
+    kept = []
+    for path in [*NOTEBOOKS, *sorted((NOTEBOOKS[0].parent / "answers").glob("*.ipynb"))]:
+        for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
+            if cell.cell_type == "code" and (cell.outputs or cell.execution_count is not None):
+                kept.append(f"{path.name} cell {i}")
+    assert not kept, f"outputs kept (jupyter nbconvert --clear-output --inplace): {kept}"
