@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import sys
 import time
 from collections import Counter
@@ -33,12 +32,12 @@ SLOW = 2  # the rank that sleeps SLEEP_S in each step
 SLEEP_S = 0.03
 
 
-def _rank(rank: int, world: int, port: int, out: Path) -> None:
+def _rank(rank: int, world: int, out: Path) -> None:
     before = time.time_ns()
     torch.set_num_threads(1)  # 3 ranks on 2 cores: spinning intra-op threads would swamp the sleep
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
+    # a file store: a free port picked here could be taken by another process before rank 0 binds it
+    store = f"file://{out / 'store'}"
+    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world)
     torch.manual_seed(0)
     layers = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
     model = torch.nn.parallel.DistributedDataParallel(layers)
@@ -71,10 +70,7 @@ def _rank(rank: int, world: int, port: int, out: Path) -> None:
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("traces")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_rank, args=(WORLD, port, out), nprocs=WORLD)
+    mp.spawn(_rank, args=(WORLD, out), nprocs=WORLD)
     return out
 
 
