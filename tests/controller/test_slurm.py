@@ -207,7 +207,7 @@ def test_a_job_that_never_starts_is_named_with_its_slurm_state(
     assert wait_until_empty(slurm, timeout=15), slurm.squeue()
 
 
-def test_notebook_05_runs_its_slurm_part_on_slurm(slurm, tmp_path):
+def test_notebook_06_runs_its_slurm_part_on_slurm(slurm, tmp_path):
     """tests/browser/test_notebooks_browser.py runs all of notebook 06 where no Slurm answers
     (its Slurm part on a local cluster); here its Slurm part, the ``%monarch scale`` cells
     included, runs on Slurm, up to the ``%monarch down`` that ends it (the rest, a scheduler

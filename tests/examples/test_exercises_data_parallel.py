@@ -4,6 +4,7 @@ the why it prints."""
 from __future__ import annotations
 
 import pytest
+from _exercise_checks import said
 
 from monarch_nb.examples.exercises import data_parallel as check
 
@@ -11,10 +12,7 @@ PARAMS = 50_816  # the lesson's model: 4 blocks of 12,704
 
 
 def verdict(capsys, right, answer, f, **kwargs):
-    assert bool(f(answer, **kwargs)) is right
-    out = capsys.readouterr().out
-    assert out.startswith("right: " if right else "not quite: "), out
-    return out
+    return said(capsys, right, f, answer, **kwargs)
 
 
 def test_block_params(capsys):

@@ -4,6 +4,7 @@ mistakes each met with ``not quite:`` and why."""
 from __future__ import annotations
 
 import pytest
+from _exercise_checks import said
 
 from monarch_nb.examples.exercises import distributed_training as check
 
@@ -29,15 +30,13 @@ RIGHT = [
 
 @pytest.mark.parametrize("f,args,kwargs,why", WRONG, ids=[w[0].__name__ for w in WRONG])
 def test_a_likely_mistake_is_not_quite_and_says_why(capsys, f, args, kwargs, why):
-    assert not f(*args, **kwargs)
-    line = capsys.readouterr().out.strip()
-    assert line.startswith("not quite: ") and why in line, line
+    line = said(capsys, False, f, *args, **kwargs)
+    assert why in line, line
 
 
 @pytest.mark.parametrize("f,args,kwargs", RIGHT, ids=[r[0].__name__ for r in RIGHT])
 def test_the_answer_is_right(capsys, f, args, kwargs):
-    assert f(*args, **kwargs)
-    assert capsys.readouterr().out.startswith("right: ")
+    said(capsys, True, f, *args, **kwargs)
 
 
 def test_unanswered_is_not_right(capsys):

@@ -3,15 +3,14 @@ with the why it prints."""
 
 from __future__ import annotations
 
+from _exercise_checks import said
+
 from monarch_nb.examples.exercises import model_parallel as check
 from monarch_nb.examples.parallel_costs import bubble, in_flight, schedule
 
 
 def verdict(capsys, right, answer, f, **kwargs):
-    assert bool(f(answer, **kwargs)) is right
-    out = capsys.readouterr().out
-    assert out.startswith("right: " if right else "not quite: "), out
-    return out
+    return said(capsys, right, f, answer, **kwargs)
 
 
 def test_tp_all_reduces(capsys):

