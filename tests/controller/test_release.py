@@ -98,13 +98,12 @@ def test_a_background_cell_interrupted_in_a_collective_its_peer_never_calls_ends
     assert wait_for(
         lambda: "rank 0 waits in all_reduce" in (clean.stacks().summary or ""), timeout=10
     )
-    start = time.monotonic()
     handle.interrupt()
     with pytest.raises(CellError) as info:
         handle.result(timeout=RELEASED_WITHIN)
+    # set free, not StillRunning (as the rank was while it waited out the group's timeout)
     assert {r: e.ename for r, e in info.value.errors.items()} == {0: "KeyboardInterrupt"}
     assert clean.run(ALL_REDUCE).values() == [2.0, 2.0]
-    assert time.monotonic() - start < RELEASED_WITHIN
 
 
 def test_fsdp_on_a_2d_mesh_is_released_and_trains_again(mesh4, cell):
