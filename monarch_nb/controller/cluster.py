@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from monarch_nb.controller import forkserver
+from monarch_nb.controller import forkserver, main_module
 
 DEFAULT_CPU_WORKERS = 2
 
@@ -267,6 +267,7 @@ def start_local(plans: list[WorkerPlan], threads: int = 1, security=None):
     # Already started by up's thread, before Dask was imported: started afresh here only where
     # the user's Dask configuration changes the variables it started with.
     forkserver.start()
+    main_module.install()  # its workers leave a script's top-level code alone (main_module.py)
     from distributed import SpecCluster
 
     forkserver.keep_preload()

@@ -26,7 +26,6 @@ from monarch_nb.controller import (
     hosting,
     joining,
     lighthouse,
-    script_guard,
 )
 from monarch_nb.controller import cluster as clusters
 from monarch_nb.controller import keep as lease
@@ -98,7 +97,6 @@ def up(
     ``ft``: fault-tolerant training through torchft (``monarch_nb.ft``): its Lighthouse starts
     with the cluster, and a cell training with ``ft.steps`` goes on through a lost rank.
     """
-    script_guard.check_caller()  # before any process starts: spawned workers rerun a script
     shape = device_mesh.parse(mesh)
     idle = hosting.idle_limit(keep)
     if idle is None and name is not None:
