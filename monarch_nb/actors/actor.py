@@ -12,20 +12,22 @@ import functools
 import inspect
 from collections.abc import Iterator, Mapping
 
+from monarch_nb.actors.extent import Extent
+
 
 class Point(Mapping):
     """A coordinate in a mesh: ``point["gpus"]``, ``point.rank`` (row-major position) and
-    ``point.extent`` (the mesh's sizes, ``{"hosts": 1, "gpus": 2}``)."""
+    ``point.extent`` (the mesh's sizes, an ``Extent``: ``{hosts: 1, gpus: 2}``)."""
 
     __slots__ = ("extent", "rank")
 
     def __init__(self, rank: int, extent: Mapping[str, int]):
         self.rank = rank
-        self.extent = dict(extent)
+        self.extent = extent if isinstance(extent, Extent) else Extent(extent, extent.values())
 
     def _coords(self) -> dict[str, int]:
         coords, rest = {}, self.rank
-        for name, size in reversed(self.extent.items()):
+        for name, size in reversed(list(self.extent.items())):
             coords[name] = rest % size
             rest //= size
         return {name: coords[name] for name in self.extent}
@@ -48,9 +50,14 @@ class Point(Mapping):
 
     __hash__ = None  # type: ignore[assignment]
 
+    def size(self, label: str) -> int:
+        """The size of dimension ``label`` of the mesh."""
+        return self.extent[label]
+
     def __repr__(self) -> str:
-        body = ", ".join(f"{k}={v}" for k, v in self._coords().items())
-        return f"Point({body})" if body else "Point()"
+        # torchmonarch's form, coordinate/size: {'hosts': 0/1, 'gpus': 1/2}
+        coords = self._coords()
+        return "{" + ", ".join(f"'{k}': {coords[k]}/{n}" for k, n in self.extent.items()) + "}"
 
     def __reduce__(self):
         return Point, (self.rank, self.extent)
@@ -111,12 +118,14 @@ class EndpointProperty:
     """What ``@endpoint`` leaves on the class. On an actor instance it is the plain method
     (``self.step()`` inside the actor); on a mesh, ``mesh.step`` gives the adverbs."""
 
-    def __init__(self, method):
+    def __init__(self, method, explicit_response_port: bool = False):
         if not callable(method):
             raise TypeError(f"@endpoint decorates a method, not {type(method).__name__}")
         self.method = method
         self.name = method.__name__
         self.is_async = inspect.iscoroutinefunction(method)
+        # The endpoint is handed a Port (after self) and answers through it, when it likes
+        self.explicit_port = explicit_response_port
         functools.update_wrapper(self, method)
 
     def __set_name__(self, owner, name: str) -> None:
@@ -128,14 +137,33 @@ class EndpointProperty:
         return self.method.__get__(instance, owner)
 
 
-def endpoint(method=None, **options):
-    """Mark an Actor method (sync or ``async def``) as callable through a mesh."""
-    if options:
-        unknown = ", ".join(sorted(options))
-        raise TypeError(f"@endpoint takes no options in monarch_nb (got {unknown})")
+_PROPAGATORS = ("cached", "inspect", "mocked")  # torchmonarch's named propagators
+
+
+def endpoint(
+    method=None,
+    *,
+    propagate=None,
+    explicit_response_port: bool = False,
+    instrument: bool = True,
+):
+    """Mark an Actor method (sync or ``async def``) as callable through a mesh.
+
+    ``explicit_response_port=True``: the method takes a ``Port`` after ``self`` and answers by
+    ``port.send(value)`` (or ``port.exception(error)``) whenever it likes, from any thread; its
+    return value is not the answer. ``propagate`` (the shape function of torchmonarch's tensor
+    engine, which this package does not have) and ``instrument`` (its tracing) are accepted so
+    that Monarch code runs, and change nothing here.
+    """
+    if not isinstance(explicit_response_port, bool):
+        raise TypeError(
+            f"explicit_response_port takes True or False, not {explicit_response_port!r}"
+        )
+    if propagate is not None and not callable(propagate) and propagate not in _PROPAGATORS:
+        raise TypeError(f"propagate takes a function, not {type(propagate).__name__}")
     if method is None:
-        return endpoint
-    return EndpointProperty(method)
+        return functools.partial(EndpointProperty, explicit_response_port=explicit_response_port)
+    return EndpointProperty(method, explicit_response_port)
 
 
 # The public attributes of an actor mesh (``ActorMesh`` in actors.py; a test keeps the two in

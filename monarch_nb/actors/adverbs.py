@@ -10,8 +10,10 @@ from typing import Any
 
 import cloudpickle
 
+from monarch_nb.actors.extent import Extent
 from monarch_nb.actors.mailbox import Pending
-from monarch_nb.actors.wire import ActorError, Future, SupervisionError, decode_error
+from monarch_nb.actors.value_mesh import ValueMesh as PointMesh
+from monarch_nb.actors.wire import ActorError, Future, MeshStopped, SupervisionError, decode_error
 from monarch_nb.dispatch.results import ValueMesh
 
 _EMPTY_ARGS = cloudpickle.dumps(((), {}), protocol=5)
@@ -81,12 +83,16 @@ class ActorEndpoint:
     def call(self, *args, **kwargs) -> Future:
         """Every actor of the mesh; a Future of a ValueMesh keyed by cluster rank, whose
         ``item(gpus=i)`` is the i-th actor of this mesh (of a reversed slice, too)."""
-        targets = self._mesh._targets()
+        mesh = self._mesh
+        targets = mesh._targets()
         msgs = self._messages(targets, args, kwargs)
-        dims, order = self._mesh._dims, [m.rank for _, m in targets]
-        return gather(
-            self._mesh, msgs, self._where, lambda raw: ValueMesh(raw, dims or None, order)
-        )
+        dims, order = mesh._dims, [m.rank for _, m in targets]
+        if mesh._points:  # Monarch's API: by mesh point, in the order of the mesh's positions
+            extent = Extent(dims, dims.values())
+            return gather(
+                mesh, msgs, self._where, lambda raw: PointMesh(extent, [raw[r] for r in order])
+            )
+        return gather(mesh, msgs, self._where, lambda raw: ValueMesh(raw, dims or None, order))
 
     def call_one(self, *args, **kwargs) -> Future:
         """The only actor of a mesh of one (slice first); a Future of its value."""
@@ -103,19 +109,23 @@ class ActorEndpoint:
         """One actor, the one with the fewest calls from this process still unanswered (by
         any adverb but ``broadcast``, which has no answer); ties take turns. Calls other
         processes (other actors) made are not counted. A Future of its value."""
+        msgs = self._messages([self._pick()], args, kwargs)
+        return gather(self._mesh, msgs, self._where, lambda raw: next(iter(raw.values())))
+
+    def _pick(self):
+        """The (position, member) choose() sends to."""
         mesh = self._mesh
         box = mesh._mailbox
         targets = mesh._targets()
         start = next(_rotation) % len(targets)
         order = targets[start:] + targets[:start]
         alive = [t for t in order if box.cause_of(t[1].address, t[1].incarnation) is None]
-        pick = min(alive or order, key=lambda t: box.inflight[(mesh._id, mesh._positions[t[0]])])
-        msgs = self._messages([pick], args, kwargs)
-        return gather(mesh, msgs, self._where, lambda raw: next(iter(raw.values())))
+        return min(alive or order, key=lambda t: box.inflight[(mesh._id, mesh._positions[t[0]])])
 
     def stream(self, *args, **kwargs) -> Iterator[Future]:
         """Every actor; yields one Future per actor, resolved in the order replies arrive."""
         mesh = self._mesh
+        _check_alive(mesh, [])  # a stopped mesh, in one line
         msgs = self._messages(mesh._targets(), args, kwargs)
         hosts = {m.rank: m.host for m in mesh._members}
 
@@ -164,7 +174,11 @@ class ActorEndpoint:
 _rotation = itertools.count()
 
 
-def _check_alive(mesh, msgs: list[dict]) -> None:
+def _check_alive(mesh, msgs: list[dict], stopping: bool = False) -> None:
+    stopped = None if stopping else mesh._stopped()
+    if stopped is not None:
+        first = mesh._members[mesh._positions[0]]
+        raise MeshStopped(getattr(mesh, "name", "?"), first.rank, first.address, stopped)
     box = mesh._mailbox
     for m in msgs:
         member = mesh._members[mesh._positions[m["pt"]]]
@@ -193,12 +207,12 @@ def _load(reply: dict, host: str, where: str) -> Any:
         raise ActorError(reply["r"], host, type(e).__name__, evalue, [], where, e) from None
 
 
-def gather(mesh, msgs: list[dict], where: str, decode) -> Future:
+def gather(mesh, msgs: list[dict], where: str, decode, stopping: bool = False) -> Future:
     """A Future of every reply: ``decode({rank: value})``, or the first error by rank."""
     hosts = {m.rank: m.host for m in mesh._members}
     name = getattr(mesh, "name", "?")
     try:
-        _check_alive(mesh, msgs)
+        _check_alive(mesh, msgs, stopping)
     except SupervisionError as e:
         return Future.failed(where, e)
 

@@ -51,12 +51,28 @@ class Pending:
 
 
 class _Conn:
-    def __init__(self, address: str):
+    def __init__(self, address: str, data=None):
         self.address = address
         self.comm = None  # the attach comm
-        self.data: FrameConn | None = None
+        self.data: FrameConn | None = data  # given at once for this process's own actors
+        self.local = data is not None
         self.backlog: list[dict] = []  # sent before the data connection was up
         self.corked: list[dict] = []  # broadcasts waiting to go out together
+
+
+def _fits(conn: _Conn, batch: list[dict]) -> bool:
+    """Whether ``batch`` of broadcasts may wait in ``conn``'s cork."""
+    return len(conn.corked) + len(batch) < CORK_MAX
+
+
+class _Direct:
+    """A data connection within this process: a posted batch is delivered where it is sent."""
+
+    def __init__(self, deliver):
+        self.post = deliver
+
+    def shutdown(self) -> None:
+        pass
 
 
 class Mailbox:
@@ -74,6 +90,8 @@ class Mailbox:
         # (mesh id, position) -> messages sent to that actor and not yet answered; no zeros
         self.inflight: Counter = Counter()
         self.meshes: dict[str, Any] = {}  # actor meshes spawned from here, by id
+        # (address, cause) -> None, once per process that died: supervision's (caller.py)
+        self.death_watchers: list = []
         self.closed = False
         self.close_cause = ""
         self._conns: dict[str, _Conn] = {}
@@ -120,7 +138,9 @@ class Mailbox:
                     self._conns[address] = conn
                 if conn.data is None:
                     conn.backlog.extend(batch)
-                elif pending is None and len(conn.corked) + len(batch) < CORK_MAX:
+                elif (
+                    pending is None and not conn.local and len(conn.corked) + len(batch) < CORK_MAX
+                ):
                     tick |= not self._corked
                     self._corked.add(conn)
                     conn.corked.extend(batch)
@@ -144,6 +164,17 @@ class Mailbox:
         if batch:
             with contextlib.suppress(OSError):
                 conn.data.post(batch)
+
+    def add_local(self, address: str, deliver) -> None:
+        """Messages to ``address`` are this process's own actors' (``this_proc()``): each batch
+        goes to ``deliver(batch)`` on the sending thread, with no socket between."""
+        with self._lock:
+            self._conns[address] = _Conn(address, _Direct(deliver))
+
+    def deliver(self, batch: list[dict]) -> None:
+        """Replies and reports from this process's own actors, as the reader thread hands on
+        what arrives from a worker."""
+        self._on_batch(None, batch)
 
     def cause_of(self, address: str, incarnation: str = "") -> str | None:
         """Why the worker process at ``address`` (the one ``incarnation`` names, where given)
@@ -290,6 +321,7 @@ class Mailbox:
             conn = self._conns.get(address)
             if only is not None and conn is not only:
                 return  # taken away already (the address may have a new worker process)
+            first = address not in self.dead
             cause = self.dead.setdefault(address, cause)
             self._conns.pop(address, None)
             self._corked.discard(conn)
@@ -301,6 +333,11 @@ class Mailbox:
         for pending in hit:
             for rank in [r for r, a in list(pending.targets.items()) if a == address]:
                 self._fail_one(address, pending.id, cause, rank)
+        for watch in list(self.death_watchers) if first and not self.closed else []:
+            try:
+                watch(address, cause)
+            except Exception:  # a watcher's mistake must not stop the others
+                logger.exception("monarch_nb: a watcher of worker deaths failed")
 
     def _drop(self, conn: _Conn | None) -> None:
         if conn is None:

@@ -23,26 +23,26 @@ Adverbs: ``call`` (a Future of a ValueMesh), ``call_one`` (a mesh of one actor),
 actor with the fewest of this process's calls unanswered), ``stream`` (futures in arrival
 order), ``broadcast`` (fire and forget; failures are printed on the controller and kept in
 ``broadcast_errors()``). Messages go straight from the caller to the actor's worker on plain
-sockets, never through the task queue. This module holds meshes and slicing; ``adverbs`` the
-adverbs, ``mailbox`` the caller's connections, ``transport`` the sockets of both sides, ``wire``
-futures and errors, ``worker`` the actors' side, ``actor`` what an actor sees.
+sockets, never through the task queue.
+
+This module holds process and actor meshes, spawning and stopping; ``shape`` their dimensions
+and slicing; ``caller`` the notebook's side (a mailbox per controller, what it reports);
+``adverbs`` the adverbs; ``mailbox`` the caller's connections; ``transport`` the sockets of both
+sides; ``wire`` futures and errors; ``worker`` the actors' side; ``actor`` what an actor sees.
+PyTorch Monarch's own names (``monarch_nb.actor``) add ``hosts`` (this_host, this_proc),
+``inprocess`` (actors in the caller's own process), ``ports`` and ``inbox`` (Channel, Port,
+send), ``supervision`` (MeshFailure, __supervise__), ``rdma`` (RDMABuffer), ``here`` (which
+host this process is) and ``value_mesh``/``extent`` (values by mesh point).
 """
 
 from __future__ import annotations
 
-import contextvars
-import itertools
-import re
-import sys
+import logging
 import threading
 import uuid
-import weakref
-from collections.abc import Mapping
-from typing import NamedTuple
 
 import cloudpickle
 
-from monarch_nb.actors import output as actors_output
 from monarch_nb.actors.actor import (
     Actor,
     Context,
@@ -55,14 +55,21 @@ from monarch_nb.actors.actor import (
     plain_methods_of,
 )
 from monarch_nb.actors.adverbs import ActorEndpoint, NotAnEndpoint, gather, pack_args
+from monarch_nb.actors.caller import (
+    CLUSTER_DOWN,
+    _controller_state,
+    _local_mailbox,
+    _require_controller,
+    broadcast_errors,
+    close,
+    dead_actors,
+)
 from monarch_nb.actors.mailbox import Mailbox
-from monarch_nb.actors.stops import stops
-from monarch_nb.actors.wire import ActorError, Future, SupervisionError, decode_error, sources
-from monarch_nb.actors.worker import PLUGIN_NAME, ActorPlugin, current_host
+from monarch_nb.actors.shape import Shaped, _dims_of, _Member
+from monarch_nb.actors.wire import ActorError, Future, SupervisionError, sources
 from monarch_nb.controller.stacks import ask as actor_stacks
 from monarch_nb.dispatch.results import Interrupted
 from monarch_nb.errors import ClusterError
-from monarch_nb.errors import current as current_controller
 
 __all__ = [
     "Actor",
@@ -84,139 +91,34 @@ __all__ = [
     "proc_mesh",
 ]
 
-MAX_BROADCAST_ERRORS = 100
-# Why a controller's pending calls fail when its actor system closes: it went down, or
-# actors.close() was called with the cluster still up.
-CLUSTER_DOWN = "the cluster was shut down"
-CLOSED = "the actor system was closed for this controller (actors.close())"
-RESTARTED = "the workers were restarted (%monarch restart); spawn again on a new proc_mesh()"
-# Why the scheduler removed a worker, from the id Dask gives the event
-# ("handle-worker-cleanup-1796258544.84"): in words, for a SupervisionError.
-REMOVED_BECAUSE = {
-    "handle-worker-cleanup": "its connection to the scheduler closed",
-    "check-worker-ttl": "it sent the scheduler no heartbeat for too long",
-    "retire-workers": "it was retired as the cluster scaled down",
-    "worker-close-gracefully": "it closed",
-    "nanny-close": "its nanny closed",
-    "client-restart": "the workers were restarted",
-    "client-restart-workers": "the workers were restarted",
-}
+
+# -- meshes: where they send from ---------------------------------------------------------------
+class _Life:
+    """What the handles of one mesh share, its slices included: whether it was stopped (and
+    how), the actor meshes spawned through a process mesh, and their logging options."""
+
+    __slots__ = ("logging", "spawned", "stopped")
+
+    def __init__(self):
+        self.stopped: str | None = None
+        self.spawned: list[ActorMesh] = []
+        self.logging: dict | None = None  # ProcMesh.logging_option's, for later spawns too
 
 
-def removed_because(stimulus_id: str | None) -> str:
-    """Why the scheduler removed a worker, from its event's ``stimulus_id``."""
-    kind = re.sub(r"-[0-9.e+-]+$", "", stimulus_id or "")
-    return REMOVED_BECAUSE.get(kind, f"Dask says {kind!r}" if kind else "no reason given")
+class _Mesh(Shaped):
+    """A shape of cluster members, the mailbox that reaches them and the state its handles
+    share. ``_points``: made through Monarch's API (monarch_nb.actor), whose ``call()`` gives
+    values by mesh point rather than by cluster rank; slices and copies keep it."""
 
+    _points = False
+    _life: _Life | None = None
 
-class _Member(NamedTuple):
-    rank: int  # the cluster rank of the worker
-    address: str
-    host: str
-    incarnation: str = ""  # which worker process at that address (RankInfo.incarnation)
+    def _inherit(self, other: _Mesh):
+        self._points, self._life = other._points, other._life
+        return self
 
-
-# -- the controller's side: one mailbox per controller ---------------------------------------------
-class _ControllerActors:
-    def __init__(self, ctl):
-        self.ctl = ctl
-        keep = getattr(ctl, "kept", None) is not None  # actors outlive a kept cluster's kernel
-        ctl.client.register_plugin(ActorPlugin(keep), name=PLUGIN_NAME)
-        loop = ctl.client.loop.asyncio_loop
-        self.mailbox = Mailbox(loop, ctl.client.connection_args, self._unsolicited)
-        self.broadcast_errors: list[ActorError] = []
-        self._watched: set[str] = set()
-        ctl.restart_hooks.append(self._restarting)
-        ctl.closing_hooks["actors"], ctl.owing_hooks["actors"] = close, calls_owed
-
-    def _restarting(self) -> None:
-        """Every actor goes with its worker; say why, and forget the meshes."""
-        for info in self.ctl.ranks:
-            self.mailbox.mark_dead(info.address, RESTARTED)
-        self.mailbox.meshes.clear()
-
-    def watch_scheduler(self) -> None:
-        """A worker the scheduler removes is dead even if its comm has not closed yet. Each
-        worker has its own event topic (the "all" topic would also echo this client's own
-        removal back to it while it closes)."""
-        for info in self.ctl.ranks:
-            if info.address not in self._watched:
-                self._watched.add(info.address)
-                self.ctl.client.subscribe_topic(info.address, self._on_worker_event(info.address))
-
-    def _on_worker_event(self, address: str):
-        def on_event(event) -> None:
-            _, msg = event
-            if isinstance(msg, dict) and msg.get("action") == "remove-worker":
-                why = removed_because(msg.get("stimulus_id"))
-                self.mailbox.mark_dead(address, f"the scheduler removed the worker: {why}")
-
-        return on_event
-
-    def _unsolicited(self, msg: dict) -> None:
-        if "out" in msg:  # what actors printed
-            actors_output.show(msg)
-        elif "stopped" in msg:  # an endpoint reached pdb
-            stops.note(msg["stopped"])
-        else:
-            self._broadcast_failed(msg)
-
-    def _broadcast_failed(self, msg: dict) -> None:
-        host = next((i.host for i in self.ctl.ranks if i.rank == msg["r"]), "?")
-        err = decode_error(msg, host, f"broadcast to {msg['where']}")
-        del self.broadcast_errors[: max(0, len(self.broadcast_errors) - MAX_BROADCAST_ERRORS + 1)]
-        self.broadcast_errors.append(err)
-        # In a fresh context: ipykernel 7 shows a thread's (or task's) output under the cell
-        # its context came from, which here is the cell that spawned the mesh; without one the
-        # line goes to the cell running now.
-        contextvars.Context().run(print, f"monarch_nb: {err.args[0]}", file=sys.stderr, flush=True)
-
-
-_states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_states_lock = threading.Lock()
-
-
-def _controller_state(ctl) -> _ControllerActors:
-    with _states_lock:
-        state = _states.get(ctl)
-        if state is None:
-            state = _states[ctl] = _ControllerActors(ctl)
-        return state
-
-
-def _require_controller(ctl=None):
-    ctl = ctl if ctl is not None else current_controller()
-    if ctl is None and current_host() is not None:
-        raise ClusterError(
-            "proc_mesh() is the notebook's: inside an actor, spawn on a ProcMesh passed in as "
-            "an argument (to __init__ or an endpoint)"
-        )
-    if ctl is None or ctl.closed:
-        raise ClusterError(
-            "no cluster is up: start one with %monarch up (or monarch_nb.up()) first"
-        )
-    return ctl
-
-
-def _local_mailbox() -> Mailbox:
-    """Where a mesh reference sends from: this worker's mailbox inside an actor, else the
-    current controller's."""
-    host = current_host()
-    if host is not None:
-        return host.mailbox
-    return _controller_state(_require_controller()).mailbox
-
-
-# -- shapes and slicing ----------------------------------------------------------------------------
-class _Mesh:
-    """Members of the cluster arranged in named dimensions; a slice keeps the full member list
-    and the positions it selects, in row-major order of ``extent``."""
-
-    def __init__(self, members, dims: Mapping[str, int], positions, mailbox: Mailbox | None):
-        self._members: tuple[_Member, ...] = tuple(members)
-        self._dims = dict(dims)
-        self._positions: tuple[int, ...] = tuple(positions)
-        self._box = mailbox
+    def _stopped(self) -> str | None:
+        return self._life.stopped if self._life is not None else None
 
     @property
     def _mailbox(self) -> Mailbox:
@@ -225,7 +127,9 @@ class _Mesh:
         box = self._box
         if box.close_cause.startswith("detached"):  # the notebook let go; the actors live on
             raise ClusterError(box.close_cause)
-        if box.loop.is_closed() or box.close_cause == CLUSTER_DOWN:  # the workers went with it
+        if (
+            box.loop is not None and box.loop.is_closed()
+        ) or box.close_cause == CLUSTER_DOWN:  # the workers went with it
             raise ClusterError(
                 "this mesh's cluster is down: start one with %monarch up, then spawn again on "
                 "proc_mesh()"
@@ -237,91 +141,22 @@ class _Mesh:
             )
         return box
 
-    @property
-    def extent(self) -> dict[str, int]:
-        return dict(self._dims)
 
-    sizes = extent
-
-    def size(self, dim: str | None = None) -> int:
-        if dim is None:
-            return len(self._positions)
-        if dim not in self._dims:
-            raise ValueError(f"unknown dimension {dim!r}; this mesh has {self._describe_dims()}")
-        return self._dims[dim]
-
-    def __len__(self) -> int:
-        return len(self._positions)
-
-    def _describe_dims(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in self._dims.items()) or "no dimensions"
-
-    def _targets(self) -> list[tuple[int, _Member]]:
-        """(position in this slice, member) for every actor this mesh addresses."""
-        return [(i, self._members[p]) for i, p in enumerate(self._positions)]
-
-    def slice(self, **selection):
-        """``mesh.slice(gpus=slice(0, 2))`` keeps a dimension; ``mesh.slice(hosts=0)`` drops it."""
-        unknown = [k for k in selection if k not in self._dims]
-        if unknown:
-            raise ValueError(
-                f"cannot slice by {', '.join(map(repr, unknown))}: this mesh has dimensions "
-                f"{self._describe_dims()}"
-            )
-        picks, dims = [], {}
-        for name, size in self._dims.items():
-            sel = selection.get(name, slice(None))
-            if isinstance(sel, slice):
-                chosen = list(range(*sel.indices(size)))
-                if not chosen:
-                    raise IndexError(f"{name}={_show(sel)} selects nothing (size {size})")
-                dims[name] = len(chosen)
-            elif isinstance(sel, int) and not isinstance(sel, bool):
-                if not -size <= sel < size:
-                    raise IndexError(f"{name}={sel} is out of range 0..{size - 1}")
-                chosen = [sel % size]
-            else:
-                raise TypeError(f"{name}= takes an int or a slice, not {type(sel).__name__}")
-            picks.append(chosen)
-        sizes = list(self._dims.values())
-        positions = []
-        for index in itertools.product(*picks):
-            flat = 0
-            for i, size in zip(index, sizes, strict=True):
-                flat = flat * size + i
-            positions.append(self._positions[flat])
-        return self._with(dims, positions)
-
-
-def _show(sel: slice) -> str:
-    parts = ["" if x is None else str(x) for x in (sel.start, sel.stop, sel.step)]
-    return ":".join(parts[:2] if sel.step is None else parts)
-
-
-def _dims_of(ranks) -> dict[str, int]:
-    """{"hosts": H, "gpus": G} when every host holds G consecutive ranks, else {"ranks": N}."""
-    hosts: list[str] = []
-    for info in ranks:
-        if not hosts or hosts[-1] != info.host:
-            hosts.append(info.host)
-    per_host = len(ranks) // len(hosts)
-    if len(set(hosts)) == len(hosts) and per_host * len(hosts) == len(ranks):
-        counts = [sum(1 for i in ranks if i.host == h) for h in hosts]
-        if all(c == per_host for c in counts):
-            return {"hosts": len(hosts), "gpus": per_host}
-    return {"ranks": len(ranks)}
-
-
-# -- process meshes and spawning -------------------------------------------------------------------
+# -- process meshes and spawning -----------------------------------------------------------------
 class ProcMesh(_Mesh):
-    """The cluster's worker processes as a mesh; ``spawn`` puts one actor on each."""
+    """Worker processes of the cluster as a mesh; ``spawn`` puts one actor on each."""
 
     def _with(self, dims, positions) -> ProcMesh:
-        return ProcMesh(self._members, dims, positions, self._box)
+        return ProcMesh(self._members, dims, positions, self._box)._inherit(self)
 
     def spawn(self, name: str, actor_class: type, *args, **kwargs) -> ActorMesh:
         """Construct ``actor_class(*args, **kwargs)`` on every process of this mesh; waits until
         all are built (an ``__init__`` that raises is reported with its rank)."""
+        if self._stopped():
+            raise RuntimeError(
+                f"this ProcMesh was stopped ({self._stopped()}): spawn on a new one "
+                "(this_host().spawn_procs(), or proc_mesh())"
+            )
         if not isinstance(name, str) or not name:
             raise TypeError(f"spawn needs a name (a non-empty str) first, got {name!r}")
         if not (isinstance(actor_class, type) and issubclass(actor_class, Actor)):
@@ -340,10 +175,13 @@ class ProcMesh(_Mesh):
         mesh_id = f"{name}-{uuid.uuid4().hex[:12]}"
         base = {"op": "spawn", "mesh": mesh_id, "name": name, "cls": cls_blob, "args": blob}
         base.update(where=where, dims=list(self._dims.items()))
+        if self._life is not None and self._life.logging is not None:
+            base["logging"] = self._life.logging
         targets = self._targets()
         mesh = ActorMesh(
             name, mesh_id, actor_class, self._members, self._dims, self._positions, self._box
         )
+        mesh._points, mesh._life = self._points, _Life()
         fut = gather(mesh, [{**base, "pt": i, "r": m.rank} for i, m in targets], where, None)
         try:
             fut.get()
@@ -354,26 +192,113 @@ class ProcMesh(_Mesh):
             mesh.stop()
             raise
         self._mailbox.meshes[mesh_id] = mesh
+        if self._life is not None:
+            self._life.spawned.append(mesh)
         spawner = context().actor_instance
         if spawner.cluster_rank is not None:  # spawned by an actor: stopped when it stops
             spawner._children[mesh_id] = mesh
         return mesh
 
+    def stop(self, reason: str = "stopped by client") -> Future:
+        """Stop every actor spawned through this mesh (the processes are the cluster's, and
+        stay); spawning on it afterwards is refused. A Future of None."""
+        life = self._life if self._life is not None else _Life()
+        self._life = life
+        if life.stopped is None:
+            life.stopped = f"ProcMesh.stop(): {reason}"
+        stopping = [m for m in life.spawned if m._stopped() is None]
+        for mesh in stopping:
+            mesh._life.stopped = f"its ProcMesh was stopped: {reason}"
+        return _all_of([m.stop() for m in stopping], "ProcMesh.stop()")
+
+    async def logging_option(
+        self,
+        stream_to_client: bool = False,
+        aggregate_window_sec: int | None = None,
+        level: int = logging.INFO,
+    ) -> None:
+        """Whether what the actors spawned through this mesh print (and log, from ``level``
+        up) is shown here (``stream_to_client``) or kept in their workers' logs. Lines come
+        as they are printed, each tagged with its actor: ``aggregate_window_sec`` is accepted
+        (torchmonarch collapses similar lines within it) and changes nothing."""
+        if aggregate_window_sec is not None and not stream_to_client:
+            raise ValueError(
+                "aggregate_window_sec needs stream_to_client=True (it shapes what is streamed)"
+            )
+        if isinstance(level, bool) or not isinstance(level, int):
+            raise TypeError(f"level takes a logging level (logging.INFO...), not {level!r}")
+        life = self._life if self._life is not None else _Life()
+        self._life = life
+        life.logging = {"stream": bool(stream_to_client), "level": level}
+        for mesh in life.spawned:
+            if mesh._stopped() is None:
+                await mesh._set_logging(life.logging)
+
     def __repr__(self) -> str:
         return f"<ProcMesh {self._describe_dims()}>"
 
     def __reduce__(self):
-        return ProcMesh, (self._members, self._dims, self._positions, None)
+        _refuse_in_process(self, "this ProcMesh")
+        return _rebuilt, (
+            ProcMesh,
+            (self._members, self._dims, self._positions, None),
+            self._points,
+        )
+
+
+def _rebuilt(cls, args, points):
+    mesh = cls(*args)
+    mesh._points = points
+    return mesh
+
+
+def _refuse_in_process(mesh: _Mesh, what: str) -> None:
+    if any(m.address.startswith("inproc://") for m in mesh._members):
+        raise TypeError(
+            f"{what} lives in this process (this_proc() of the notebook or script), which no "
+            "other process can reach: spawn on the cluster's processes "
+            "(this_host().spawn_procs()) to hand it to actors"
+        )
+
+
+def _all_of(futures: list[Future], describe: str) -> Future:
+    """One Future for several: None once all are done, or the first error."""
+    done = Future(describe)
+    left = [len(futures)]
+    lock = threading.Lock()
+    if not futures:
+        done._finish(raw=None)
+
+    def one(fut: Future) -> None:
+        error = fut._error
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if error is not None:
+            done._finish(error=error)
+        elif last:
+            done._finish(raw=None)
+
+    for fut in futures:
+        fut.add_done_callback(lambda fut=fut: one(fut))
+    return done
 
 
 def proc_mesh(ctl=None) -> ProcMesh:
     """The ranks of the current cluster (or ``ctl``'s) as a mesh, ``{"hosts": H, "gpus": G}``."""
     ctl = _require_controller(ctl)
     state = _controller_state(ctl)
+    mesh = ProcMesh(_members_of(ctl, ctl.ranks), _dims_of(ctl.ranks), range(len(ctl.ranks)))
+    mesh._box, mesh._life = state.mailbox, _Life()
+    return mesh
+
+
+def _members_of(ctl, ranks) -> list[_Member]:
+    """The members for ``ranks`` of ``ctl``'s cluster, its mailbox told of their processes."""
+    state = _controller_state(ctl)
     state.watch_scheduler()  # the ranks' addresses change on restart
     state.mailbox.know_workers({i.address: i.incarnation for i in ctl.ranks})
-    members = [_Member(i.rank, i.address, i.host, i.incarnation) for i in ctl.ranks]
-    return ProcMesh(members, _dims_of(ctl.ranks), range(len(members)), state.mailbox)
+    return [_Member(i.rank, i.address, i.host, i.incarnation) for i in ranks]
 
 
 # -- actor meshes ----------------------------------------------------------------------------------
@@ -398,7 +323,8 @@ class ActorMesh(_Mesh):
 
     def _with(self, dims, positions) -> ActorMesh:
         info = (self._class_name, self._endpoints, self._methods)
-        return ActorMesh(self.name, self._id, info, self._members, dims, positions, self._box)
+        mesh = ActorMesh(self.name, self._id, info, self._members, dims, positions, self._box)
+        return mesh._inherit(self)
 
     def __getattr__(self, attr: str):
         if attr.startswith("__") or attr in _OWN:  # before __init__ has set them (unpickling)
@@ -412,13 +338,20 @@ class ActorMesh(_Mesh):
         known = ", ".join(sorted(self._endpoints)) or "none"
         raise AttributeError(f"{self._class_name} has no endpoint {attr!r} (endpoints: {known})")
 
-    def stop(self) -> Future:
+    def stop(self, reason: str = "stopped by client") -> Future:
         """Stop these actors (their threads end; later calls fail)."""
+        if self._life is not None and len(self._positions) == len(self._members):
+            self._life.stopped = self._life.stopped or f"{self.name}.stop(): {reason}"
         base = {"op": "stop", "mesh": self._id, "where": f"{self._class_name}.stop"}
         msgs = [{**base, "pt": i, "r": m.rank} for i, m in self._targets()]
         self._forget_in(self._mailbox.meshes)
         self._forget_in(context().actor_instance._children)
-        return gather(self, msgs, f"{self.name}.stop", lambda raw: None)
+        return gather(self, msgs, f"{self.name}.stop", lambda raw: None, stopping=True)
+
+    def _set_logging(self, options: dict) -> Future:
+        base = {"op": "logging", "mesh": self._id, "where": f"{self._class_name}.logging"}
+        msgs = [{**base, **options, "pt": i, "r": m.rank} for i, m in self._targets()]
+        return gather(self, msgs, f"{self.name}.logging_option", lambda raw: None)
 
     def stacks(self, native: bool = False):
         """The stacks of these actors' threads, and of their awaiting ``async`` endpoints
@@ -436,65 +369,7 @@ class ActorMesh(_Mesh):
         return f"<ActorMesh {self.name!r} of {self._class_name}, {self._describe_dims()}>"
 
     def __reduce__(self):
+        _refuse_in_process(self, f"actor mesh {self.name!r}")
         info = (self._class_name, self._endpoints, self._methods)
-        return ActorMesh, (
-            self.name,
-            self._id,
-            info,
-            self._members,
-            self._dims,
-            self._positions,
-            None,
-        )
-
-
-# -- what the controller reports -------------------------------------------------------------------
-def dead_actors(ctl=None) -> list[tuple[str, int, str]]:
-    """``(mesh name, cluster rank, cause)`` for every actor spawned from this controller whose
-    worker process died or was removed; ``%monarch status`` shows these."""
-    ctl = ctl if ctl is not None else current_controller()
-    state = _states.get(ctl) if ctl is not None else None
-    if state is None:
-        return []
-    dead = []
-    for mesh in list(state.mailbox.meshes.values()):
-        for _, member in mesh._targets():
-            cause = state.mailbox.cause_of(member.address, member.incarnation)
-            if cause is not None:
-                dead.append((mesh.name, member.rank, cause))
-    return sorted(dead, key=lambda d: (d[0], d[1]))
-
-
-def calls_owed(ctl, addresses) -> int:
-    """How many replies this controller's actor calls (and spawns) still wait for from the
-    workers at ``addresses``: ``%monarch scale`` lets them arrive before those workers go."""
-    state = _states.get(ctl)
-    if state is None:
-        return 0
-    mailbox = state.mailbox
-    with mailbox._lock:
-        owed = [a for p in mailbox._pending.values() for a in p.targets.values()]
-    return sum(a in addresses for a in owed)
-
-
-def close(ctl=None, cause: str | None = None) -> None:
-    """Drop this controller's actor connections (call before leaving a cluster you keep
-    running): the workers stop the actors it spawned, its pending calls fail, and its meshes
-    refuse further use. ``proc_mesh()`` starts afresh."""
-    ctl = ctl if ctl is not None else current_controller()
-    with _states_lock:
-        state = _states.pop(ctl, None) if ctl is not None else None
-    if state is not None:
-        state.mailbox.close(cause or (CLUSTER_DOWN if ctl.closed else CLOSED))
-
-
-def broadcast_errors(ctl=None, clear: bool = False) -> list[ActorError]:
-    """Failures of ``broadcast()`` calls reported to this controller (the last 100)."""
-    ctl = ctl if ctl is not None else current_controller()
-    state = _states.get(ctl) if ctl is not None else None
-    if state is None:
-        return []
-    errors = list(state.broadcast_errors)
-    if clear:
-        state.broadcast_errors.clear()
-    return errors
+        args = (self.name, self._id, info, self._members, self._dims, self._positions, None)
+        return _rebuilt, (ActorMesh, args, self._points)

@@ -9,10 +9,13 @@ import asyncio
 import contextlib
 import inspect
 import linecache
+import os
 import re
 import sys
 import threading
 import time
+import traceback
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +25,8 @@ from monarch_nb.actors.actor import EndpointProperty
 from monarch_nb.actors.stops import stops
 from monarch_nb.dispatch.results import Interrupted, RemoteError
 
+# Frames of these files are the machinery's, not the user's: left out of remote tracebacks
+_WORKER_FILE = os.path.join(os.path.dirname(__file__), "worker.py")
 # Source spans kept per function name: a class redefined in cell after cell keeps only its
 # latest versions (the older ones are what tracebacks least often show).
 MAX_SPANS = 16
@@ -93,9 +98,25 @@ class SupervisionError(RuntimeError):
         return [f"SupervisionError: {self}"]
 
 
+class MeshStopped(SupervisionError):
+    """A message to actors whose mesh was stopped (``stop()``, or their ProcMesh's)."""
+
+    def __init__(self, mesh: str, rank: int, address: str, cause: str):
+        RuntimeError.__init__(
+            self, f"actor mesh {mesh!r} was stopped ({cause}): spawn it again to send to it"
+        )
+        self.mesh, self.rank, self.address, self.cause = mesh, rank, address, cause
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"MeshStopped: {self}"]
+
+
 class Future:
     """A result that arrives later: ``.get(timeout=...)`` from plain code, ``await`` on any
     asyncio loop (a notebook cell's top-level await, an async endpoint)."""
+
+    # Future[int] in annotations, as torchmonarch's code writes them
+    __class_getitem__ = classmethod(types.GenericAlias)
 
     def __init__(self, describe: str, decode: Callable[[Any], Any] = lambda raw: raw):
         self._describe = describe
@@ -205,6 +226,44 @@ class Future:
 def _resolve(waiter: asyncio.Future) -> None:
     if not waiter.done():
         waiter.set_result(None)
+
+
+_OK = {"ok": True, "v": None}
+
+
+def _value(value: Any) -> dict[str, Any]:
+    try:
+        return {"ok": True, "v": cloudpickle.dumps(value, protocol=5)}
+    except BaseException as e:  # whatever a __reduce__ raises, the call gets its answer
+        return _plain_error(f"the return value ({type(value).__name__}) cannot be pickled: {e}")
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    """The reply for an exception, whatever it does: one whose ``str()`` or pickling raises
+    still answers the call (an unanswered call waits for ever)."""
+    try:
+        te = traceback.TracebackException.from_exception(exc)
+        te.stack = traceback.StackSummary.from_list(
+            [f for f in te.stack if f.filename not in (_WORKER_FILE, cloudpickle.__file__)]
+        )
+        lines = "".join(te.format()).rstrip("\n").splitlines()
+    except Exception:
+        lines = []
+    try:
+        evalue = str(exc)
+    except Exception as e:
+        evalue = f"<str() of the exception raised {type(e).__name__}>"
+    try:
+        blob = cloudpickle.dumps(exc, protocol=5)
+    except BaseException:
+        blob = None
+    error = {"ename": type(exc).__name__, "evalue": evalue, "traceback": lines, "exc": blob}
+    return {"ok": False, "e": error}
+
+
+def _plain_error(text: str) -> dict[str, Any]:
+    error = {"ename": "RuntimeError", "evalue": text, "traceback": [], "exc": None}
+    return {"ok": False, "e": error}
 
 
 def decode_error(reply: dict[str, Any], host: str, where: str) -> ActorError:

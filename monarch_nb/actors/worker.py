@@ -17,7 +17,6 @@ import logging
 import sys
 import threading
 import time
-import traceback
 from typing import Any
 
 import cloudpickle
@@ -25,6 +24,7 @@ from distributed import WorkerPlugin
 from distributed.comm import CommClosedError
 from distributed.core import Status
 
+from monarch_nb.actors import here, inbox, ports, rdma, supervision
 from monarch_nb.actors import output as actors_output
 from monarch_nb.actors.actor import (
     Context,
@@ -34,22 +34,18 @@ from monarch_nb.actors.actor import (
     endpoints_of,
     plain_methods_of,
 )
+from monarch_nb.actors.here import current_host
 from monarch_nb.actors.mailbox import ATTACH, Mailbox
 from monarch_nb.actors.output import ActorConsole, ActorOutbox
 from monarch_nb.actors.transport import ActorWire, Channel, listen_host, server_ssl_context
+from monarch_nb.actors.wire import _OK, _error, _plain_error, _value
 from monarch_nb.rank import capture, debugger, leaving
 
 PLUGIN_NAME = "monarch-actors"
+RDMA_OPS = frozenset(("rdma_read", "rdma_write", "rdma_drop"))
 STOPPED = "the actor was stopped while this call ran"
 STOPPED_HERE = "waits in the debugger: %monarch debug --rank {rank} attaches to it"
 logger = logging.getLogger("monarch_nb.actors")
-
-_host: ActorHost | None = None
-
-
-def current_host() -> ActorHost | None:
-    """This process's ActorHost when it is a monarch worker, else None."""
-    return _host
 
 
 def wait_idle(told=None, poll: float = 0.05) -> None:
@@ -57,7 +53,8 @@ def wait_idle(told=None, poll: float = 0.05) -> None:
     ``async def`` ones): a worker leaving the cluster (``%monarch scale``) cuts none off
     mid-way. ``told(actor name)`` is called once, when one keeps it waiting past a second."""
     start = time.monotonic()
-    for runner in list(_host.actors.values()) if _host is not None else []:
+    host = current_host()
+    for runner in list(host.actors.values()) if host is not None else []:
         done = threading.Event()
         with contextlib.suppress(RuntimeError):  # a stopped actor has nothing left to run
             runner.loop.call_soon_threadsafe(done.set)  # runs after what it has queued
@@ -77,11 +74,12 @@ class ActorPlugin(WorkerPlugin):
         self.keep = keep
 
     def setup(self, worker) -> None:
-        global _host
-        if _host is None or _host.worker is not worker:
-            _host = ActorHost(worker)
-        _host.keep = getattr(self, "keep", False)
-        worker.handlers[ATTACH] = _host.attach
+        host = current_host()
+        if host is None or host.worker is not worker:
+            host = ActorHost(worker)
+            here.set_host(host)
+        host.keep = getattr(self, "keep", False)
+        worker.handlers[ATTACH] = host.attach
         if wait_idle not in leaving.waits:  # a worker leaving with %monarch scale waits for them
             leaving.waits.append(wait_idle)
 
@@ -91,8 +89,9 @@ def live(engine=None, caller: str = "") -> list[dict[str, Any]]:
     rebuilds its handles from (actors/recover.py); ``owner`` says whether their spawner is
     gone, is ``caller`` or is another (an actor elsewhere). Run on the rank's thread."""
     found = []
-    with _host.lock if _host is not None else contextlib.nullcontext():
-        runners = list(_host.actors.items()) if _host is not None else []
+    host = current_host()
+    with host.lock if host is not None else contextlib.nullcontext():
+        runners = list(host.actors.items()) if host is not None else []
     for mesh_id, runner in runners:
         if runner.actor is None or runner.instance is None:
             continue  # still being built, or failed
@@ -131,15 +130,29 @@ class ActorHost:
         with self._mailbox_lock:
             if self._mailbox is None:
                 self._mailbox = Mailbox(self.loop, self.worker.connection_args, self._unsolicited)
+                self._mailbox.death_watchers.append(self._died)
             return self._mailbox
+
+    def _died(self, address: str, cause: str) -> None:
+        """A process under a mesh an actor here spawned died: that actor's supervision."""
+        for runner in list(self.actors.values()):
+            children = runner.instance._children.values() if runner.instance else ()
+            for _, report in supervision.deaths(list(children), address, cause):
+                supervision.in_actor(runner, report)
 
     def _unsolicited(self, msg: dict) -> None:
         """What a mesh that an actor here spawned reports (its output, broadcast failures) goes
         on to that actor's own owner, and so up to the notebook; where the spawner is gone, to
         this worker's log."""
+        if "port" in msg:  # a value for a Port an actor here opened
+            inbox.deliver(msg)
+            return
         for runner in list(self.actors.values()):
             if runner.instance is not None and msg.get("mid") in runner.instance._children:
-                runner.owner.send({**msg, "mid": runner._id})  # the next hop finds its own
+                if "out" in msg or "stopped" in msg:
+                    runner.owner.send({**msg, "mid": runner._id})  # the next hop finds its own
+                else:  # a failure: the spawner's __supervise__ first
+                    supervision.in_actor(runner, msg)
                 return
         if "out" in msg:
             actors_output.show(msg)
@@ -201,6 +214,12 @@ class ActorHost:
         with self.lock:
             for msg in msgs:
                 op = msg["op"]
+                if op == "port":  # a value for a Port opened here
+                    inbox.deliver(msg)
+                    continue
+                if op in RDMA_OPS:  # a transfer of memory lent here: answered at once
+                    channel.send({"id": msg["id"], "r": msg["r"], **rdma.serve(msg)})
+                    continue
                 if op == "spawn":
                     if channel.closed:  # its caller left: nobody could use or stop it
                         continue
@@ -241,6 +260,8 @@ class ActorRunner:
         self.name = spawn["name"]
         self.output = ActorOutbox(host.loop, self._send_output)
         self._rank, self._id = spawn["r"], spawn["mesh"]
+        self.streaming = True  # what it prints goes to its owner (ProcMesh.logging_option)
+        self._set_logging(spawn.get("logging"))
         self.actor: Any = None
         self.endpoints: dict[str, Any] = {}
         self.instance: Instance | None = None
@@ -260,11 +281,24 @@ class ActorRunner:
             self._handle(channel, msg)
 
     def _send_output(self, events: list[dict]) -> None:
-        self.owner.send({"out": events, "r": self._rank, "mesh": self.name, "mid": self._id})
+        if self.streaming:
+            self.owner.send({"out": events, "r": self._rank, "mesh": self.name, "mid": self._id})
+            return
+        for event in events:  # kept here: the worker's own log
+            if event["ev"] == "stream":
+                stream = sys.__stderr__ if event["name"] == "stderr" else sys.__stdout__
+                stream.write("".join(f"[{self.name}] {line}\n" for line in event["lines"]))
+                stream.flush()
+
+    def _set_logging(self, options: dict | None) -> None:
+        if options:
+            self.streaming = options["stream"]
+            logging.getLogger().setLevel(options["level"])
 
     def _main(self) -> None:
-        capture.route_thread(self.output, ActorConsole(self.output))
-        debugger.route_stops(self._proc_rank(), self._stopped)
+        if self.host.worker is not None:  # in the caller's own process, prints stay its own
+            capture.route_thread(self.output, ActorConsole(self.output))
+            debugger.route_stops(self._proc_rank(), self._stopped)
         asyncio.set_event_loop(self.loop)
         try:
             self.loop.run_forever()
@@ -290,6 +324,9 @@ class ActorRunner:
             self._call(channel, msg)
         elif op == "spawn":
             self._construct(channel, msg)
+        elif op == "logging":
+            self._set_logging(msg)
+            _reply(channel, channel, msg, _OK)
         elif op == "stop":
             if "id" in msg:
                 channel.send({"id": msg["id"], "r": msg["r"], "ok": True, "v": None})
@@ -326,6 +363,8 @@ class ActorRunner:
             if ep is None:  # the caller checks names; a class changed under the same mesh name
                 raise AttributeError(f"{msg['where']} is not an endpoint of this actor")
             args, kwargs = cloudpickle.loads(msg["args"])
+            if ep.explicit_port:  # it answers through the port, whenever it likes
+                args = (ports.reply_port(channel, msg), *args)
             if ep.is_async:
                 task = self.loop.create_task(self._call_async(channel, msg, ep, args, kwargs))
                 self._tasks.add(task)
@@ -333,13 +372,14 @@ class ActorRunner:
                 return
             with self._plain_code():
                 value = ep.method(self.actor, *args, **kwargs)
-            reply = _value(value)
+            reply = None if ep.explicit_port else _value(value)
         except BaseException as e:
             reply = self._failed(e)
         finally:
             _context.reset(token)
         self.output.end_call()
-        _reply(channel, self.owner, msg, reply)
+        if reply is not None:
+            _reply(channel, self.owner, msg, reply)
 
     @contextlib.contextmanager
     def _plain_code(self):
@@ -355,15 +395,20 @@ class ActorRunner:
 
     async def _call_async(self, channel, msg, ep, args, kwargs) -> None:
         try:
-            reply = _value(await ep.method(self.actor, *args, **kwargs))
+            value = await ep.method(self.actor, *args, **kwargs)
+            reply = None if ep.explicit_port else _value(value)
         except BaseException as e:
             reply = self._failed(e)
         self.output.end_call()
-        _reply(channel, self.owner, msg, reply)
+        if reply is not None:
+            _reply(channel, self.owner, msg, reply)
 
     def _proc_rank(self) -> int | None:
         """The cluster rank of this worker (a mesh's own ranks may be a slice's)."""
-        return getattr(self.host.worker.extensions.get("monarch"), "identity", {}).get("rank")
+        worker = self.host.worker
+        if worker is None:  # the caller's own process (this_proc())
+            return None
+        return getattr(worker.extensions.get("monarch"), "identity", {}).get("rank")
 
     def _stopped(self, stop) -> None:
         """An endpoint reached pdb: say so, and tell the caller, whose ``get()`` attaches."""
@@ -382,9 +427,6 @@ class ActorRunner:
         return reply
 
 
-_OK = {"ok": True, "v": None}
-
-
 def _reply(channel: Channel, owner: Channel, msg: dict, reply: dict) -> None:
     """Answer a call; a broadcast (no id) only answers failures, to the mesh's owner."""
     if "id" in msg:
@@ -394,45 +436,10 @@ def _reply(channel: Channel, owner: Channel, msg: dict, reply: dict) -> None:
         owner.send({**report, **reply})
 
 
-def _value(value: Any) -> dict[str, Any]:
-    try:
-        return {"ok": True, "v": cloudpickle.dumps(value, protocol=5)}
-    except BaseException as e:  # whatever a __reduce__ raises, the call gets its answer
-        return _plain_error(f"the return value ({type(value).__name__}) cannot be pickled: {e}")
-
-
-def _error(exc: BaseException) -> dict[str, Any]:
-    """The reply for an exception, whatever it does: one whose ``str()`` or pickling raises
-    still answers the call (an unanswered call waits for ever)."""
-    try:
-        te = traceback.TracebackException.from_exception(exc)
-        te.stack = traceback.StackSummary.from_list(
-            [f for f in te.stack if f.filename not in (__file__, cloudpickle.__file__)]
-        )
-        lines = "".join(te.format()).rstrip("\n").splitlines()
-    except Exception:
-        lines = []
-    try:
-        evalue = str(exc)
-    except Exception as e:
-        evalue = f"<str() of the exception raised {type(e).__name__}>"
-    try:
-        blob = cloudpickle.dumps(exc, protocol=5)
-    except BaseException:
-        blob = None
-    error = {"ename": type(exc).__name__, "evalue": evalue, "traceback": lines, "exc": blob}
-    return {"ok": False, "e": error}
-
-
-def _plain_error(text: str) -> dict[str, Any]:
-    error = {"ename": "RuntimeError", "evalue": text, "traceback": [], "exc": None}
-    return {"ok": False, "e": error}
-
-
 def _use_rank_device(worker) -> None:
     """CUDA's current device is per thread: give the actor's thread its rank's GPU. Called by
     ``_construct``, so a failure is the spawn's error rather than a dead thread."""
-    engine = worker.extensions.get("monarch")
+    engine = worker.extensions.get("monarch") if worker is not None else None
     device = getattr(engine, "device_info", {}).get("torch", "cpu")
     if device.startswith("cuda"):
         import torch

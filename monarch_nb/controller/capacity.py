@@ -31,12 +31,20 @@ LOCAL_RANK_FILES = 14
 REMOTE_RANK_FILES = 6
 
 
-def check(before: int, n: int, local: bool, up: bool = False, mesh: str | None = None) -> None:
+def check(
+    before: int,
+    n: int,
+    local: bool,
+    up: bool = False,
+    mesh: str | None = None,
+    asked: str | None = None,
+) -> None:
     """Refuse growing from ``before`` to ``n`` ranks (ValueError, one line) where the new ranks
     would not fit: memory and processes on this machine for a ``local`` cluster's ranks, and,
     for any cluster, open files in this kernel. The tightest limit is the one named. ``up``:
     said of ``up --workers n`` rather than ``scale n``, or of ``up --mesh MESH`` where the
-    mesh asked for ``n`` (``mesh="dp=64"``)."""
+    mesh asked for ``n`` (``mesh="dp=64"``); ``asked``: said of that instead (``spawn_procs(...)``
+    of actors/hosts.py), with the room left in processes."""
     new = n - before
     if new <= 0:
         return
@@ -46,7 +54,9 @@ def check(before: int, n: int, local: bool, up: bool = False, mesh: str | None =
     most, why = min((limit for limit in limits if limit is not None), default=(new, ""))
     if new <= most:
         return
-    if up and mesh:
+    if asked:
+        fit = f"{before + most} processes at most" if most > 0 else "no more processes fit"
+    elif up and mesh:
         asked = f"up --mesh {mesh} ({n} ranks)"
         fit = f"a mesh of {most} ranks at most" if most > 0 else "no rank fits"
     elif up:

@@ -22,7 +22,7 @@ from monarch_nb import errors as controller_errors
 from monarch_nb.actors import ActorError, SupervisionError
 from monarch_nb.actors import actor as actors_context
 from monarch_nb.actors import mesh as actors
-from monarch_nb.actors.wire import MAX_SPANS, Future, _Sources
+from monarch_nb.actors.wire import MAX_SPANS, Future, MeshStopped, _Sources
 from monarch_nb.dispatch.results import ValueMesh
 
 cloudpickle.register_pickle_by_value(helpers)
@@ -401,11 +401,20 @@ def test_an_async_call_cut_short_by_stop_says_the_actor_was_stopped(mesh):
 
 def test_stopped_actors_answer_with_an_error(mesh):
     gone = mesh.spawn("gone", helpers.Counter)
+    elsewhere = pickle.loads(cloudpickle.dumps(gone))  # a handle that did not see the stop
     gone.stop().get(timeout=10)
+    with pytest.raises(MeshStopped) as info:  # the handle that stopped it knows, at once
+        gone.slice(gpus=1).incr.call().get(timeout=10)
+    assert str(info.value) == (
+        "actor mesh 'gone' was stopped (gone.stop(): stopped by client): spawn it again to send "
+        "to it"
+    )
+    with pytest.raises(MeshStopped):
+        gone.incr.broadcast()
     with pytest.raises(
         ActorError, match=r"Counter\.incr: no such actor here \(its mesh was stopped\)"
     ):
-        gone.incr.call().get(timeout=10)
+        elsewhere.incr.call().get(timeout=10)
 
 
 # -- lifetimes: no actor outlives every handle to it -----------------------------------------------
@@ -537,9 +546,16 @@ def test_an_endpoint_named_like_a_mesh_attribute_is_refused(counters):
     assert {n for n in dir(counters) if not n.startswith("_")} == actors_context.MESH_ATTRIBUTES
 
 
-def test_endpoint_takes_no_options():
-    with pytest.raises(TypeError, match="takes no options"):
-        actors.endpoint(propagate="cached")
+def test_endpoint_takes_monarchs_options_and_refuses_others():
+    for options in ({"propagate": "cached"}, {"propagate": lambda x: x}, {"instrument": False}):
+        decorated = actors.endpoint(**options)(lambda self: 1)
+        assert isinstance(decorated, actors_context.EndpointProperty)
+        assert not decorated.explicit_port
+    assert actors.endpoint(explicit_response_port=True)(lambda self, port: 1).explicit_port
+    with pytest.raises(TypeError, match="unexpected keyword argument 'retries'"):
+        actors.endpoint(retries=3)
+    with pytest.raises(TypeError, match="propagate takes a function, not int"):
+        actors.endpoint(propagate=3)
 
 
 # -- supervision: a cluster of our own, one worker killed ------------------------------------------
@@ -635,7 +651,7 @@ def test_a_mesh_used_after_actors_close_or_its_cluster_down_says_so(own_cluster)
 
 # -- the notebook ----------------------------------------------------------------------------------
 def test_why_the_scheduler_removed_a_worker_is_said_in_words_not_as_dasks_event_id():
-    from monarch_nb.actors.mesh import removed_because
+    from monarch_nb.actors.caller import removed_because
 
     said = removed_because("handle-worker-cleanup-1796258544.8449805")
     assert said == "its connection to the scheduler closed"
