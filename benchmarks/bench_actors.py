@@ -5,12 +5,28 @@ N``) in its own session, which is killed afterwards so nothing one leaves behind
 
     python benchmarks/bench_actors.py                     # 2 and 4 actors, 3 rounds of 300 calls
     python benchmarks/bench_actors.py --only monarch --calls 100
+    python benchmarks/bench_actors.py --only monarch-api,torchmonarch   # the Monarch-API table
     python benchmarks/bench_actors.py --one torchmonarch 2   # one raw JSON line
+
+Two tables. Messaging, monarch-nb's own actors (``monarch``: ``proc_mesh()``) against
+torchmonarch:
 
 call: ``actors.nop.call().get()`` on a one-line endpoint of every actor (round trip, blocking).
 broadcast: 1,000 ``actors.nop.broadcast()`` in a row, then one ``call().get()``; the time until
 that call returns (messages to one actor are handled in order, so all 1,000 have run by then)
 and, apart, how long the 1,000 ``broadcast()`` calls themselves took.
+
+Monarch API (issue 51), the same script with ``from monarch_nb.actor import ...``
+(``monarch-api``) and with ``from monarch.actor import ...`` (torchmonarch), each in a fresh
+process of its own (not the messaging one's):
+
+start-up: imports done, from just before ``this_host().spawn_procs(per_host={"gpus": n})`` until
+the first ``call_one()`` on a spawned actor answers (spawn_procs, spawn, first call; monarch-nb
+starts its cluster there, as a script without one does); the median over the rounds.
+call_one: ``actors.slice(gpus=0).nop.call_one().get()`` (round trip, blocking).
+send: ``send(actors.nop, (), {}, port=port)`` to all n actors, then n ``recv.recv().get()``.
+
+torchmonarch runs for each table that has another system in ``--only`` (for both when alone).
 """
 
 from __future__ import annotations
@@ -27,13 +43,22 @@ import time
 
 import machine
 
-SYSTEMS = {"monarch": "monarch-nb", "torchmonarch": "torchmonarch"}
+SYSTEMS = {
+    "monarch": "monarch-nb",
+    "monarch-api": "monarch_nb.actor",
+    "torchmonarch": "torchmonarch",
+}
+MESSAGING = ("monarch", "torchmonarch")
+API = ("monarch-api", "torchmonarch")
+API_JOB = {"monarch-api": "monarch-api", "torchmonarch": "torchmonarch-api"}  # --one's names
 MARK = "BENCH_RESULT "
 BROADCASTS = 1000
 # issue 24: monarch-nb's call round trip at most 0.8x torchmonarch's, its 1,000 broadcasts
 # (until the call after them returns) at most 0.5x
 TARGET = 0.8
 BROADCAST_TARGET = 0.5
+# issue 51: monarch_nb.actor's start-up at most 0.8x torchmonarch's, call_one and send 0.5x
+API_TARGETS = {"start-up": 0.8, "call_one": 0.5, "send": 0.5}
 
 
 # -- one measurement, in its own process ---------------------------------------------------------
@@ -83,6 +108,45 @@ def measure(system: str, n: int, calls: int, warmup: int) -> dict:
     return {"times": times, "broadcast_send_s": sent, "broadcast_s": drained}
 
 
+def measure_api(job: str, n: int, calls: int, warmup: int) -> dict:
+    """The Monarch-API path: the same code with either module's names."""
+    if job == "monarch-api":
+        from monarch_nb.actor import Actor, Channel, endpoint, send, this_host
+    else:
+        from monarch.actor import Actor, Channel, endpoint, send, this_host
+
+    class Nop(Actor):
+        @endpoint
+        def nop(self) -> int:
+            return 0
+
+    t = time.perf_counter()
+    procs = this_host().spawn_procs(per_host={"gpus": n})
+    try:
+        actors = procs.spawn("nop", Nop)
+        one = actors.slice(gpus=0)
+        one.nop.call_one().get()
+        start = time.perf_counter() - t
+        call_one = []
+        for i in range(warmup + calls):
+            t = time.perf_counter()
+            one.nop.call_one().get()
+            if i >= warmup:
+                call_one.append(time.perf_counter() - t)
+        port, recv = Channel.open()
+        sends = []
+        for i in range(warmup + calls):
+            t = time.perf_counter()
+            send(actors.nop, (), {}, port=port, selection="all")
+            for _ in range(n):
+                recv.recv().get()
+            if i >= warmup:
+                sends.append(time.perf_counter() - t)
+    finally:
+        procs.stop().get()
+    return {"start_s": [start], "call_one": call_one, "send": sends}
+
+
 # -- the driver ----------------------------------------------------------------------------------
 def run_one(system: str, n: int, args) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--one", system, str(n)]
@@ -125,6 +189,15 @@ def _pool(before: dict | None, now: dict) -> dict:
     }
 
 
+def _pool_api(before: dict | None, now: dict) -> dict:
+    """Every round's start-up and round trips together."""
+    if before is None or "error" in before:
+        return now
+    if "error" in now:
+        return before
+    return {k: before[k] + now[k] for k in ("start_s", "call_one", "send")}
+
+
 def _kill_session(pid: int) -> None:
     """Whatever the measurement left running in its session (worker processes)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -145,23 +218,48 @@ def _table(rows: list[list[str]]) -> list[str]:
     return out
 
 
+def _tables(systems: list[str]) -> list[tuple[str, ...]]:
+    """The tables ``--only`` asks for: each with a system besides torchmonarch, or both."""
+    own = [t for t in (MESSAGING, API) if any(s in systems and s != "torchmonarch" for s in t)]
+    return own or [MESSAGING, API]
+
+
 def main(args) -> None:
     systems = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
         sys.exit(f"--only: unknown system {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}")
+    tables = _tables(systems)
+    # (table, system, job): the job is --one's name, a fresh process each
+    jobs = [(t, s, s if t is MESSAGING else API_JOB[s]) for t in tables for s in systems if s in t]
     began = time.perf_counter()
     results = {}
     for n in args.actors:
         for round_ in range(args.rounds):  # alternate, so a busy spell hits both systems
-            for system in systems:
+            for table, system, job in jobs:
+                what = "" if table is MESSAGING else " (Monarch API)"
                 print(
-                    f"# {SYSTEMS[system]}, {n} actors, round {round_ + 1}/{args.rounds} ...",
+                    f"# {SYSTEMS[system]}{what}, {n} actors, round {round_ + 1}/{args.rounds} ...",
                     file=sys.stderr,
                     flush=True,
                 )
-                results[system, n] = _pool(results.get((system, n)), run_one(system, n, args))
+                pool = _pool if table is MESSAGING else _pool_api
+                results[job, n] = pool(results.get((job, n)), run_one(job, n, args))
 
+    lines = [
+        "monarch-nb actor messaging benchmark",
+        f"machine: {machine.cpu()}",
+        f"software: {machine.versions(('torch', 'monarch-nb', 'distributed', 'torchmonarch'))}",
+    ]
+    if MESSAGING in tables:
+        lines += _messaging_lines([s for s in systems if s in MESSAGING], results, args)
+    if API in tables:
+        lines += _api_lines([s for s in systems if s in API], results, args)
+    lines.append(f"total wall time: {time.perf_counter() - began:.0f} s")
+    print("\n".join(lines))
+
+
+def _messaging_lines(systems: list[str], results: dict, args) -> list[str]:
     rows = [
         [
             "system",
@@ -183,7 +281,7 @@ def main(args) -> None:
                 rows.append([SYSTEMS[system], str(n), f"not available: {r['error']}"])
                 continue
             med = statistics.median(r["times"])
-            p90 = statistics.quantiles(r["times"], n=10, method="inclusive")[-1]
+            p90 = _p90(r["times"])
             call_ratio = bcast_ratio = "-"
             if system == "monarch" and "times" in peer:
                 ratio = med / statistics.median(peer["times"])
@@ -205,9 +303,6 @@ def main(args) -> None:
         if len(systems) > 1 and not any(v[0] == n for v in verdicts):
             verdicts.append((n, None, None))
     lines = [
-        "monarch-nb actor messaging benchmark",
-        f"machine: {machine.cpu()}",
-        f"software: {machine.versions(('torch', 'monarch-nb', 'distributed', 'torchmonarch'))}",
         f"call: {args.calls} timed round trips after {args.warmup} warm-up to every actor of the "
         f"mesh, in each of {args.rounds} rounds (fresh clusters, the systems alternating), pooled",
         f"broadcast: {BROADCASTS} broadcasts then one call, until that call returns and the "
@@ -218,13 +313,74 @@ def main(args) -> None:
     ]
     for n, ratio, bcast in verdicts:
         for what, most, got in (("call", TARGET, ratio), ("broadcasts", BROADCAST_TARGET, bcast)):
-            head = f"target ({what} <= {most:g}x torchmonarch), {n} actors"
-            if got is None:
-                lines.append(f"{head}: not measured")
-            else:
-                lines.append(f"{head}: {got:.2f}x, {'met' if got <= most else 'NOT met'}")
-    lines.append(f"total wall time: {time.perf_counter() - began:.0f} s")
-    print("\n".join(lines))
+            lines.append(_verdict(what, most, n, got))
+    return lines
+
+
+def _api_lines(systems: list[str], results: dict, args) -> list[str]:
+    """The Monarch-API table: monarch_nb.actor against torchmonarch, by the same script."""
+    head = ["system", "actors", "start-up s", "nb/peer", "call_one median ms", "call_one p90 ms"]
+    rows = [[*head, "nb/peer", "send median ms", "send p90 ms", "nb/peer"]]
+    verdicts = []
+    for n in args.actors:
+        peer = results.get(("torchmonarch-api", n), {})
+        for system in systems:
+            r = results[API_JOB[system], n]
+            if "error" in r:
+                rows.append([SYSTEMS[system], str(n), f"not available: {r['error']}"])
+                continue
+            got = {k: statistics.median(r[k]) for k in ("start_s", "call_one", "send")}
+            ratios = dict.fromkeys(API_TARGETS)
+            if system == "monarch-api" and "send" in peer:
+                for name, key in zip(API_TARGETS, ("start_s", "call_one", "send"), strict=True):
+                    ratios[name] = got[key] / statistics.median(peer[key])
+            shown = {k: "-" if v is None else f"{v:.2f}x" for k, v in ratios.items()}
+            rows.append(
+                [
+                    SYSTEMS[system],
+                    str(n),
+                    f"{got['start_s']:.2f}",
+                    shown["start-up"],
+                    f"{got['call_one'] * 1e3:.3f}",
+                    f"{_p90(r['call_one']) * 1e3:.3f}",
+                    shown["call_one"],
+                    f"{got['send'] * 1e3:.3f}",
+                    f"{_p90(r['send']) * 1e3:.3f}",
+                    shown["send"],
+                ]
+            )
+            if system == "monarch-api" and len(systems) > 1:
+                verdicts.append((n, ratios))
+        if len(systems) > 1 and not any(v[0] == n for v in verdicts):
+            verdicts.append((n, dict.fromkeys(API_TARGETS)))
+    lines = [
+        "",
+        "Monarch API (issue 51): the same script importing from monarch_nb.actor or from "
+        "monarch.actor (torchmonarch), in processes of their own (not the messaging ones)",
+        f"start-up: this_host().spawn_procs(per_host={{'gpus': n}}), spawn, first call_one; "
+        f"the median of {args.rounds} rounds (fresh processes, the systems alternating)",
+        f"call_one: {args.calls} timed round trips to actors.slice(gpus=0) after {args.warmup} "
+        f"warm-up; send: {args.calls} times send(actors.nop, (), {{}}, port=port) to all n actors "
+        "then n recv.recv().get(); every round's pooled; times in ms",
+        "",
+        *_table(rows),
+        "",
+    ]
+    for n, ratios in verdicts:
+        for what, most in API_TARGETS.items():
+            lines.append(_verdict(what, most, n, ratios[what]))
+    return lines
+
+
+def _p90(times: list[float]) -> float:
+    return statistics.quantiles(times, n=10, method="inclusive")[-1] if len(times) > 1 else times[0]
+
+
+def _verdict(what: str, most: float, n: int, got: float | None) -> str:
+    head = f"target ({what} <= {most:g}x torchmonarch), {n} actors"
+    if got is None:
+        return f"{head}: not measured"
+    return f"{head}: {got:.2f}x, {'met' if got <= most else 'NOT met'}"
 
 
 def parse(argv=None):
@@ -242,7 +398,8 @@ def parse(argv=None):
 if __name__ == "__main__":
     args = parse()
     if args.one:
-        system, n = args.one[0], int(args.one[1])
-        print(MARK + json.dumps(measure(system, n, args.calls, args.warmup)), flush=True)
+        job, n = args.one[0], int(args.one[1])
+        how = measure_api if job in API_JOB.values() else measure
+        print(MARK + json.dumps(how(job, n, args.calls, args.warmup)), flush=True)
     else:
         main(args)
