@@ -27,10 +27,10 @@ from monarch_nb.actors.adverbs import ActorEndpoint as Endpoint
 from monarch_nb.actors.extent import Extent
 from monarch_nb.actors.hosts import HostMesh, this_host, this_proc
 from monarch_nb.actors.mesh import ActorMesh, ProcMesh
-from monarch_nb.actors.ports import Channel, Port, PortReceiver, send
+from monarch_nb.actors.ports import Channel, Port, PortClosedError, PortReceiver, send
 from monarch_nb.actors.supervision import MeshFailure, default_fault_hook
 from monarch_nb.actors.value_mesh import ValueMesh
-from monarch_nb.actors.wire import ActorError, Future, SupervisionError
+from monarch_nb.actors.wire import ActorError, Future, MeshStopped, SupervisionError
 
 # Called with a MeshFailure nobody handled; replace it (monarch_nb.actor.unhandled_fault_hook =
 # ...) as in torchmonarch. The default prints the failure and goes on; one that raises leaves it
@@ -79,8 +79,10 @@ __all__ = [
     "Future",
     "HostMesh",
     "MeshFailure",
+    "MeshStopped",
     "Point",
     "Port",
+    "PortClosedError",
     "PortReceiver",
     "ProcMesh",
     "SupervisionError",
