@@ -7,6 +7,7 @@ Its own module, with nothing above it to import, because both ``actor.Point`` an
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import operator
@@ -100,3 +101,15 @@ class Extent(Mapping):
 def _show_label(label: str) -> str:
     # json.dumps quotes and escapes as Rust's {:?} does for all but control characters.
     return label if _BARE_LABEL.fullmatch(label) else json.dumps(label, ensure_ascii=False)
+
+
+def row_major(picks: list, sizes: list[int]) -> list[int]:
+    """The row-major positions, in a mesh of ``sizes``, of every combination of ``picks`` (the
+    indices chosen in each dimension), in row-major order: what a slice selects."""
+    positions = []
+    for index in itertools.product(*picks):
+        flat = 0
+        for i, size in zip(index, sizes, strict=True):
+            flat = flat * size + i
+        positions.append(flat)
+    return positions

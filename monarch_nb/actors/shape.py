@@ -3,11 +3,10 @@ and process meshes share (mesh.py builds on it)."""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from monarch_nb.actors.extent import Extent
+from monarch_nb.actors.extent import Extent, row_major
 from monarch_nb.actors.mailbox import Mailbox
 
 
@@ -74,14 +73,8 @@ class Shaped:
             else:
                 raise TypeError(f"{name}= takes an int or a slice, not {type(sel).__name__}")
             picks.append(chosen)
-        sizes = list(self._dims.values())
-        positions = []
-        for index in itertools.product(*picks):
-            flat = 0
-            for i, size in zip(index, sizes, strict=True):
-                flat = flat * size + i
-            positions.append(self._positions[flat])
-        return self._with(dims, positions)
+        flat = row_major(picks, list(self._dims.values()))
+        return self._with(dims, [self._positions[i] for i in flat])
 
 
 def _show(sel: slice) -> str:

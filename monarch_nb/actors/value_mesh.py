@@ -13,7 +13,6 @@ exception types torchmonarch raises.
 
 from __future__ import annotations
 
-import itertools
 import math
 import operator
 import pprint
@@ -22,7 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from monarch_nb.actors.actor import Point
-from monarch_nb.actors.extent import Extent
+from monarch_nb.actors.extent import Extent, row_major
 
 __all__ = ["Extent", "ValueMesh"]
 
@@ -122,13 +121,7 @@ class ValueMesh:
             else:
                 chosen = [_position(label, sel, size, "slice")]
             picks.append(chosen)
-        sizes = self._extent.sizes
-        values = []
-        for index in itertools.product(*picks):
-            flat = 0
-            for i, size in zip(index, sizes, strict=True):
-                flat = flat * size + i
-            values.append(self._values[flat])
+        values = [self._values[i] for i in row_major(picks, list(self._extent.sizes))]
         return ValueMesh(Extent(list(kept), list(kept.values())), values)
 
     def flatten(self, name: str) -> ValueMesh:
