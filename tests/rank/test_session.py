@@ -96,13 +96,15 @@ def test_the_process_groups_gloo_loop_wakes_seldom_and_still_carries_collectives
         for loops in before:
             assert {slack for slack, _ in loops.values()} == {session.POLLER_SLACK_NS}
     # a 10 ms timeout: 200 wakes in 2 s; with the inherited slack about 65, set: about 20. The
-    # quieter of two windows: a burst of another process's (the suite's other half) is not ours
+    # quieter of two windows: a burst of another process's (the suite's other half) is not ours.
+    # Each loop on its own: a rank holds one per gloo group (a device mesh's groups too), and
+    # the groups earlier tests made on the shared cluster add theirs: summed, 93 in one run.
     bound = 60 if _may_set_others_timer_slack() else 120
     for _ in range(2):
         time.sleep(2)
         after = clean.call(_gloo_loops).values()
         woke = [
-            sum(new[tid][1] - old[tid][1] for tid in old)
+            max(new[tid][1] - old[tid][1] for tid in old)
             for old, new in zip(before, after, strict=True)
         ]
         if max(woke) < bound:
