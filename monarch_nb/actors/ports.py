@@ -40,7 +40,7 @@ class Port:
     """Where values for one ``PortReceiver`` (or one call's answer) are sent: ``send(value)``
     and ``exception(error)``, from any thread of any process that has it."""
 
-    # Future[int] in annotations, as torchmonarch's code writes them
+    # Port[int] and the like in annotations, as torchmonarch's code writes them
     __class_getitem__ = classmethod(types.GenericAlias)
 
     def __init__(self, port_id, origin, address=None, target=None, rank=None, reply=None):
@@ -184,7 +184,7 @@ class PortReceiver:
     """The receiving end of a Channel: ``recv()`` is a Future of the next value, in the order
     sent. It stops receiving when dropped or ``close()``d."""
 
-    # Future[int] in annotations, as torchmonarch's code writes them
+    # Port[int] and the like in annotations, as torchmonarch's code writes them
     __class_getitem__ = classmethod(types.GenericAlias)
 
     def __init__(self, port_id: str, once: bool):
@@ -251,7 +251,7 @@ class Channel:
     """``port, receiver = Channel.open()``: a Port to hand to actors, and where its values
     arrive; ``once=True`` takes a single value."""
 
-    # Future[int] in annotations, as torchmonarch's code writes them
+    # Port[int] and the like in annotations, as torchmonarch's code writes them
     __class_getitem__ = classmethod(types.GenericAlias)
 
     @staticmethod
