@@ -210,15 +210,12 @@ class ActorHost:
         """Messages from a caller, on the actor I/O thread: each actor gets its own in one
         hand-over (a burst of broadcasts wakes its thread once)."""
         per_runner: dict[ActorRunner, list[dict]] = {}
-        orphans = []
+        orphans, for_here = [], []
         with self.lock:
             for msg in msgs:
                 op = msg["op"]
-                if op == "port":  # a value for a Port opened here
-                    inbox.deliver(msg)
-                    continue
-                if op in RDMA_OPS:  # a transfer of memory lent here: answered at once
-                    channel.send({"id": msg["id"], "r": msg["r"], **rdma.serve(msg)})
+                if op == "port" or op in RDMA_OPS:  # for this process, not an actor: below
+                    for_here.append(msg)
                     continue
                 if op == "spawn":
                     if channel.closed:  # its caller left: nobody could use or stop it
@@ -243,6 +240,11 @@ class ActorHost:
                     per_runner.setdefault(runner, []).append(msg)
         for runner, mine in per_runner.items():
             runner.post(channel, mine)
+        for msg in for_here:
+            if msg["op"] == "port":  # a value for a Port opened here
+                inbox.deliver(msg)
+            else:  # a transfer of memory lent here: answered at once
+                channel.send({"id": msg["id"], "r": msg["r"], **rdma.serve(msg)})
         for msg in orphans:
             if msg["op"] == "stop":
                 channel.send({"id": msg["id"], "r": msg["r"], "ok": True, "v": None})
