@@ -5,6 +5,7 @@ RDMABuffer over the actors' connections; each bad input in one line."""
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import sys
@@ -282,7 +283,8 @@ def test_logging_option_keeps_or_streams_what_actors_print(procs, capfd):
         assert "[talkers rank 1] talker says aloud" in capfd.readouterr().out
         with pytest.raises(ValueError, match="aggregate_window_sec needs stream_to_client=True"):
             asyncio.run(procs.logging_option(stream_to_client=False, aggregate_window_sec=3))
-    finally:
+    finally:  # the shared workers' root logger as it was
+        asyncio.run(procs.logging_option(stream_to_client=True, level=logging.WARNING))
         talkers.stop().get(timeout=10)
 
 
