@@ -3,8 +3,7 @@ each met with ``not quite:`` and why."""
 
 from __future__ import annotations
 
-import pytest
-from _exercise_checks import said
+from _exercise_checks import table_tests
 
 from monarch_nb.examples.exercises import monarch_matrices as check
 
@@ -32,15 +31,9 @@ RIGHT = [
 ]
 
 
-@pytest.mark.parametrize("f,args,kwargs,why", WRONG, ids=[w[0].__name__ for w in WRONG])
-def test_a_likely_mistake_is_not_quite_and_says_why(capsys, f, args, kwargs, why):
-    line = said(capsys, False, f, *args, **kwargs)
-    assert why in line, line
-
-
-@pytest.mark.parametrize("f,args,kwargs", RIGHT, ids=[r[0].__name__ for r in RIGHT])
-def test_the_answer_is_right(capsys, f, args, kwargs):
-    said(capsys, True, f, *args, **kwargs)
+test_a_likely_mistake_is_not_quite_and_says_why, test_the_answer_is_right = table_tests(
+    WRONG, RIGHT
+)
 
 
 def test_unanswered_and_nonsense_answers_are_not_right(capsys):
