@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from monarch_nb.controller import forkserver, main_module
+from monarch_nb.controller import forkserver, lazy_dashboard, main_module
 
 DEFAULT_CPU_WORKERS = 2
 
@@ -237,6 +237,11 @@ def _scheduler_class():
     from distributed import Scheduler
 
     class LocalScheduler(Scheduler):
+        def __init__(self, *args, **kwargs):
+            # Dask's Bokeh dashboard is made when first asked for (lazy_dashboard.py)
+            super().__init__(*args, dashboard=False, **kwargs)
+            lazy_dashboard.install(self)
+
         def heartbeat_worker(self, **kwargs):
             reply = super().heartbeat_worker(**kwargs)
             if "heartbeat-interval" in reply:
