@@ -8,6 +8,7 @@ from __future__ import annotations
 import _signal
 import asyncio
 import contextlib
+import io
 import logging
 import os
 import pickle
@@ -142,9 +143,19 @@ class FrameConn:
         self._eof = False
         if self.tls:
             sock.setblocking(False)
-        self.backlog: list[Any] = []  # messages that arrived with the handshake
+        self._backlog: list[Any] = []
         self._buf = bytearray()
         self._unsent: deque[memoryview] = deque()  # what post() left to its writing thread
+
+    @property
+    def backlog(self) -> list[Any]:
+        """What arrived behind the handshake (``recv_one``), unpickled only once the taker has
+        checked it: read by the thread that feeds the connection next, before it does."""
+        if self._buf:
+            out, start = _unframe(self._buf, len(self._buf))
+            del self._buf[:start]
+            self._backlog.extend(out)
+        return self._backlog
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -296,8 +307,7 @@ class FrameConn:
             if msgs is None:
                 raise ConnectionError("the connection closed during the handshake")
             if msgs:
-                self.backlog.extend(msgs[1:])
-                return msgs[0]
+                return msgs[0]  # what came behind it stays in the buffer: see backlog
 
     def shutdown(self) -> None:
         """End the connection; the reading thread sees the end and closes the socket."""
@@ -310,20 +320,43 @@ class FrameConn:
             self.sock.close()
 
 
+class MalformedMessage(ConnectionError):
+    """A peer sent no message of ours: its connection is given up on, as if closed, with why."""
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """A handshake's reader: dicts, lists, strings, numbers, nothing else. It comes before the
+    peer has shown its token, so nothing it names is imported or called."""
+
+    def find_class(self, module: str, name: str):
+        raise pickle.UnpicklingError(f"a handshake names {module}.{name}: only plain data is")
+
+
+def _loads(data, handshake: bool) -> Any:
+    try:
+        return _PlainUnpickler(io.BytesIO(data)).load() if handshake else pickle.loads(data)
+    except Exception as e:  # anything a stranger's bytes make pickle raise
+        raise MalformedMessage(f"it sent a malformed message ({type(e).__name__}: {e})") from None
+
+
 def _unframe(buf, end: int, first_limit: int | None = None) -> tuple[list[Any], int]:
     """The whole messages in ``buf[:end]``, and where the first incomplete one starts; a first
-    one that claims more than ``first_limit`` bytes is refused (ValueError), whole or not."""
+    one that claims more than ``first_limit`` bytes is refused (ValueError), whole or not, and
+    is read as plain data only. A message that does not unpickle: MalformedMessage."""
     out = []
     start = 0
     size = HEADER.size
     while end - start >= size:
         (n,) = HEADER.unpack_from(buf, start)
-        if first_limit is not None and not start and n > first_limit:
+        handshake = first_limit is not None and not start
+        if handshake and n > first_limit:
             raise ValueError(claim(buf[:size], n, first_limit))
         if end - start - size < n:
             break
-        out.append(pickle.loads(buf[start + size : start + size + n]))
+        out.append(_loads(buf[start + size : start + size + n], handshake))
         start += size + n
+        if handshake:
+            break  # the rest waits until the handshake has been checked (FrameConn.backlog)
     return out, start
 
 

@@ -4,12 +4,14 @@ apart reached the rank as a segment of its own, which woke its thread for nothin
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import threading
 
+import pytest
 from _wait import wait_for
 
-from monarch_nb.wire import FrameConn, accept_forever
+from monarch_nb.wire import HEADER, FrameConn, MalformedMessage, accept_forever, frame
 
 
 class CountingSocket(socket.socket):
@@ -111,3 +113,71 @@ def test_a_data_listener_hangs_up_on_a_first_frame_that_claims_too_much(caplog):
         "refused a test connection: its first bytes (SSH-2.0-) claim a message of 5.21 EiB; "
         "a handshake is 64 KiB at most"
     ) in caplog.text
+
+
+class Called(Exception):
+    """Raised by what a malicious pickle names: the test fails if it ever runs."""
+
+
+def _calls(*args):
+    raise Called(args)
+
+
+class Payload:
+    """A pickle that calls ``_calls`` as it is read: what a stranger would send to run code."""
+
+    def __reduce__(self):
+        return _calls, ("ran",)
+
+
+def _accepting(listener, hellos: list) -> None:
+    def on_hello(conn, hello):
+        hellos.append((hello, conn))
+
+    threading.Thread(
+        target=accept_forever,
+        args=(listener, None, 30, on_hello, "a test connection"),
+        daemon=True,
+    ).start()
+
+
+def test_a_handshake_is_plain_data_and_what_follows_it_waits_for_its_check(caplog):
+    """Before a peer has shown its token nothing it sent is imported or called: a handshake that
+    names a function is refused, and messages sent behind a handshake are read only once the
+    taker, having checked it, asks for its backlog."""
+    caplog.set_level(logging.INFO, logger="monarch_nb")
+    listener = socket.create_server(("127.0.0.1", 0))
+    hellos: list = []
+    _accepting(listener, hellos)
+    try:
+        with socket.create_connection(listener.getsockname(), timeout=10) as sock:
+            FrameConn(sock).send(Payload())
+            assert sock.recv(1) == b""  # hung up on
+        with socket.create_connection(listener.getsockname(), timeout=10) as sock:
+            client = FrameConn(sock)
+            client.post_frame((*frame({"token": "t"}), *frame(Payload()), *frame({"op": "next"})))
+            assert wait_for(lambda: len(hellos) == 1, timeout=10)
+            hello, conn = hellos[0]
+            assert hello == {"token": "t"}  # and the payload behind it has not run
+            with pytest.raises(MalformedMessage, match="Called"):  # read, and run, only now
+                conn.backlog  # noqa: B018 (what the first read took in behind the handshake)
+                while select.select([conn.sock], [], [], 10)[0]:  # or what came after
+                    conn.feed()
+    finally:
+        listener.close()
+    assert (
+        "refused a test connection: it sent a malformed message (UnpicklingError: a handshake "
+        f"names {__name__}._calls: only plain data is)"
+    ) in caplog.text
+
+
+def test_a_malformed_message_gives_the_connection_up_with_why():
+    client, server = _pair()
+    try:
+        client.sendall(HEADER.pack(3) + b"\xff\x00\xff")
+        assert select.select([server], [], [], 10)[0]
+        with pytest.raises(MalformedMessage, match=r"it sent a malformed message \(Unpickling"):
+            FrameConn(server).feed()
+    finally:
+        client.close()
+        server.close()

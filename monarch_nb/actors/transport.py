@@ -137,7 +137,7 @@ class ActorWire:
         for channel in accepted:
             self._sel.register(channel.conn, selectors.EVENT_READ, channel)
             self._deliver(channel, channel.conn.backlog)
-            channel.conn.backlog = []
+            channel.conn.backlog.clear()
             if channel.closed:  # its caller left during the handshake
                 channel.conn.shutdown()
 

@@ -20,6 +20,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from monarch_nb.wire import MalformedMessage
+
 if TYPE_CHECKING:
     from monarch_nb.dispatch.links import Link, Router
 
@@ -162,8 +164,11 @@ class Reader:
             conn = link.conn
             if conn.fileno() < 0:
                 return False
+            why = "its connection closed"
             try:
                 batches = conn.feed()
+            except MalformedMessage as e:
+                batches, why = None, f"its connection closed: {e}"
             except OSError:
                 batches = None
             if batches is not None:
@@ -180,7 +185,7 @@ class Reader:
                 with contextlib.suppress(OSError, ValueError):
                     self._links_ep.unregister(fd)
         link.conn.close()
-        link.gone("its connection closed")
+        link.gone(why)
         return False
 
     def _deliver(self, link: Link, batch: list[dict[str, Any]]) -> None:
