@@ -1,0 +1,287 @@
+"""A trivial cell's round trip and the controller's CPU per rank against stand-in ranks, from 8
+to 64 on this host and from 128 to 1,024 on 16 simulated hosts (issue 52's simulation): the
+groundwork for per-host relays, and the baseline without them.
+
+The controller's side is the product's own (fanout_ctl.py: links, Reader, Router, relay,
+submit, gather, settle); the ranks are stand-ins (fanout_standin.py), one process per
+PER_HOST ranks as one per host, all on 127.0.0.1. Kinds of run:
+
+- ``direct``: each rank's own Unix-domain socket, as for engines on the controller's host,
+  with the local relay kept off (relaying.RELAY_FROM raised past any size here);
+- ``relay``: the same with the product's RELAY_FROM (16): from 16 ranks the requests go
+  through the local relay (dispatch/relaying.py), the replies still come back per rank;
+- ``tcp``: each rank's TCP socket, as for engines on other hosts (the relay takes only ranks
+  on the controller's host): the direct links that issue 52's per-host relays would replace;
+- ``real``: real engines, ``monarch_nb.up(workers=N, cpu=True, dist=False)``, one Dask worker
+  process each, beside the stand-ins at the same sizes, to show how far the stand-in carries;
+- ``netns``: NETNS_HOSTS simulated hosts, each a network namespace holding one stand-in
+  process (fanout_netns.py), reached by TCP as other machines are; no relay (the direct-link
+  baseline of issue 52's per-host relays). Needs root; "not available" otherwise.
+
+Every kind and size runs in a fresh process (this script re-invoked with ``--one KIND N``).
+The cell is ``x = 1`` (bench_dispatch.py's); ``ctl.run`` until every rank has answered.
+The controller's CPU is its own threads' (ranks_measure.CpuMeter: the notebook's thread, the
+Reader's, its writers'; not the event loop's, nor, for ``real``, Dask's scheduler and nannies
+in the same process), per cell and per cell per rank; the relay's, a process of its own,
+beside it. The stand-ins share the machine's cores with the controller, so the round trips
+include their turns.
+
+    python benchmarks/bench_fanout.py                       # 8, 16, 32, 64; real at 4; netns
+    python benchmarks/bench_fanout.py --ranks 8 16 --kinds direct tcp --cells 100
+    python benchmarks/bench_fanout.py --kinds netns --netns-hosts 16 --netns-ranks 8 64
+    python benchmarks/bench_fanout.py --one direct 8        # one raw JSON line
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+import machine
+import orphans as leftovers
+from ranks_measure import CpuMeter
+
+from monarch_nb.dispatch.relaying import RELAY_FROM
+
+KINDS = ("direct", "relay", "tcp", "real", "netns")
+PER_HOST = 16  # stand-in ranks per process (per simulated host)
+CELL = "x = 1"
+MARK = "BENCH_RESULT "
+PACKAGES = ("monarch-nb", "dask", "distributed")
+
+
+# -- one measurement, in its own process ----------------------------------------------------------
+@contextlib.contextmanager
+def cluster(kind: str, n: int, per_host: int, netns_hosts: int):
+    """A controller over ``n`` ranks of ``kind``, and how many hosts hold them; closed after."""
+    if kind == "real":
+        import monarch_nb
+
+        ctl = monarch_nb.up(workers=n, cpu=True, dist=False, current=False)
+        try:
+            yield ctl, 1
+        finally:
+            ctl.down()
+        return
+    from fanout_ctl import Controller, Host
+
+    from monarch_nb.dispatch import relaying
+
+    if kind in ("direct", "tcp"):
+        relaying.RELAY_FROM = 1 << 30  # the baseline: no relay, whatever the size
+    with contextlib.ExitStack() as stack:
+        if kind == "netns":
+            import fanout_netns
+
+            if (why := fanout_netns.why_not()) is not None:
+                raise RuntimeError(why)
+            hosts = stack.enter_context(fanout_netns.hosts(netns_hosts, n // netns_hosts))
+        else:
+            sizes = [min(per_host, n - start) for start in range(0, n, per_host)]
+            hosts = []
+            stack.callback(lambda: [host.close() for host in hosts])
+            for size in sizes:
+                hosts.append(Host(size, tcp_only=kind == "tcp"))
+        ctl = Controller(hosts)
+        stack.callback(ctl.close)
+        yield ctl, len(hosts)
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds of process ``pid``'s main thread, to the nanosecond (the relay has one
+    thread; psutil's figures move in 10 ms ticks, more than the relay uses for 200 cells)."""
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
+
+
+def measure(kind: str, n: int, args) -> dict:
+    with cluster(kind, n, args.per_host, args.netns_hosts) as (ctl, hosts):
+        got = ctl.run(CELL)
+        if len(got) != n:
+            raise RuntimeError(f"{len(got)} of {n} ranks answered")
+        for _ in range(args.warmup):
+            ctl.run(CELL)
+        relay = ctl._relay.proc.pid if ctl._relay is not None else None
+        relay_before = _cpu_s(relay) if relay is not None else 0.0
+        meter = CpuMeter()
+        meter.start()
+        times = []
+        for _ in range(args.cells):
+            t = time.perf_counter()
+            ctl.run(CELL)
+            times.append(time.perf_counter() - t)
+        cpu = meter.stop()
+        relay_cpu = _cpu_s(relay) - relay_before if relay is not None else None
+    return {
+        "hosts": hosts,
+        "relayed": relay is not None,
+        "p50": statistics.median(times),
+        "p90": statistics.quantiles(times, n=10, method="inclusive")[-1],
+        "ctl_cpu": cpu["controller"] / args.cells,
+        "relay_cpu": None if relay_cpu is None else relay_cpu / args.cells,
+    }
+
+
+# -- the driver ----------------------------------------------------------------------------------
+def run_one(kind: str, n: int, args) -> dict:
+    """One measurement in a fresh process; ``{"error": ...}`` rather than an exception."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--one", kind, str(n)]
+    cmd += ["--cells", str(args.cells), "--warmup", str(args.warmup)]
+    cmd += ["--per-host", str(args.per_host), "--netns-hosts", str(args.netns_hosts)]
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=args.timeout, stdin=subprocess.DEVNULL
+        )
+        lines = [x for x in proc.stdout.splitlines() if x.startswith(MARK)]
+        if lines:
+            result = json.loads(lines[-1][len(MARK) :])
+        else:
+            tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+            result = {"error": tail[:160]}
+    except subprocess.TimeoutExpired:
+        result = {"error": f"timed out after {args.timeout:.0f} s"}
+    except BaseException:
+        leftovers.sweep()
+        raise
+    leftovers.sweep()
+    return result
+
+
+def _us(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e6:.1f}"
+
+
+def table(results: dict[tuple[str, int], dict]) -> list[str]:
+    head = ["kind", "ranks", "hosts", "relay", "p50 ms", "p90 ms", "ctl CPU/cell us"]
+    head += ["ctl CPU/cell/rank us", "relay CPU/cell us"]
+    rows = [head, ["---"] * len(head)]
+    for (kind, n), r in results.items():
+        if "error" in r:
+            rows.append([kind, str(n), "", "", f"not available: {r['error']}", "", "", "", ""])
+            continue
+        rows.append(
+            [
+                kind,
+                str(n),
+                str(r["hosts"]),
+                "yes" if r["relayed"] else "no",
+                f"{r['p50'] * 1e3:.2f}",
+                f"{r['p90'] * 1e3:.2f}",
+                _us(r["ctl_cpu"]),
+                _us(r["ctl_cpu"] / n),
+                _us(r["relay_cpu"]),
+            ]
+        )
+    return ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def slopes(results: dict[tuple[str, int], dict], kinds: list[str]) -> list[str]:
+    """The controller's CPU per added rank, fitted (least squares) over each kind's sizes."""
+    out = []
+    for kind in kinds:
+        points = [
+            (n, r["ctl_cpu"]) for (k, n), r in results.items() if k == kind and "error" not in r
+        ]
+        if len(points) < 2:
+            continue
+        xs, ys = zip(*points, strict=True)
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs)
+        out.append(
+            f"- {kind}: {slope * 1e6:.2f} us of controller CPU per added rank "
+            f"({min(xs)} -> {max(xs)} ranks)"
+        )
+    return out
+
+
+def _said(kind: str, args) -> str:
+    """What a kind of run is, in the table's heading."""
+    one_host = f"{args.per_host} stand-in ranks per process, all on 127.0.0.1"
+    return {
+        "direct": f"{one_host}, Unix-domain sockets, the local relay off",
+        "relay": f"{one_host}, Unix-domain sockets, the local relay from "
+        f"{RELAY_FROM} ranks (the product as it is)",
+        "tcp": f"{one_host}, TCP (as other hosts' ranks are reached), no relay",
+        "real": "real engines, monarch_nb.up(workers=N, cpu=True, dist=False)",
+        "netns": f"{args.netns_hosts} network namespaces on one bridge, one stand-in process "
+        "each, reached by TCP, no relay",
+    }[kind]
+
+
+def plan(args) -> list[tuple[str, int]]:
+    """(kind, ranks) in the order they run: the stand-ins at every size (the real engine's
+    too, for the side by side), the real engine at its own sizes."""
+    runs = []
+    for kind in args.kinds:
+        if kind == "netns":
+            sizes = [args.netns_hosts * k for k in args.netns_ranks]
+        elif kind == "real":
+            sizes = args.real
+        else:
+            sizes = sorted(set(args.ranks) | set(args.real))
+        runs += [(kind, n) for n in sizes]
+    return runs
+
+
+def main(args) -> None:
+    unknown = [k for k in args.kinds if k not in KINDS]
+    if unknown:
+        sys.exit(f"--kinds: unknown {', '.join(unknown)}; choose from {', '.join(KINDS)}")
+    leftovers.become_subreaper()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so a killed run still sweeps
+    results = {}
+    for kind, n in plan(args):
+        print(f"... {kind} at {n} ranks", file=sys.stderr, flush=True)
+        results[(kind, n)] = run_one(kind, n, args)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    lines = [
+        "A trivial cell (`x = 1`) through the product's dispatch. SIMULATED: but for `real`, "
+        "the ranks are stand-ins (benchmarks/fanout_standin.py), one process per host.",
+        *(f"- {kind}: {_said(kind, args)}" for kind in args.kinds),
+        f"machine: {machine.cpu()}; commit {commit or 'unknown'}",
+        machine.versions(PACKAGES),
+        f"{args.cells} cells after {args.warmup} warm-up; CPU: the controller's own threads",
+        "",
+        *table(results),
+        "",
+        *slopes(results, [k for k in args.kinds if k != "real"]),
+    ]
+    print("\n".join(lines))
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--ranks", type=int, nargs="+", default=[8, 16, 32, 64])
+    p.add_argument("--real", type=int, nargs="*", default=[4], help="real engines' sizes")
+    p.add_argument("--kinds", nargs="+", default=list(KINDS), help=", ".join(KINDS))
+    p.add_argument("--cells", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--per-host", type=int, default=PER_HOST, help="ranks per stand-in process")
+    p.add_argument("--netns-hosts", type=int, default=16, help="namespaces, for kind netns")
+    p.add_argument(
+        "--netns-ranks", type=int, nargs="+", default=[8, 16, 32, 64], help="ranks per namespace"
+    )
+    p.add_argument("--timeout", type=float, default=300, help="seconds per measurement")
+    p.add_argument("--one", nargs=2, metavar=("KIND", "N"), help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    args = parse()
+    if args.one:
+        try:
+            result = measure(args.one[0], int(args.one[1]), args)
+        except BaseException as e:  # the driver prints this as "not available: ..."
+            result = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+        print(MARK + json.dumps(result), flush=True)
+    else:
+        main(args)
