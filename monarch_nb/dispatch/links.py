@@ -34,6 +34,12 @@ TLS_HANDSHAKE_TIMEOUT = 10.0  # seconds; the engine gives up on its side after 5
 
 _PROCESS = uuid.uuid4().hex[:6]  # ids stay unique across controllers a rank has known
 
+# A rank on a host that vanishes (powered off, its network gone) closes nothing: its data
+# connection is given up on once the kernel's keep-alive probes go unanswered (idle s, then
+# probes at interval s: about 4 s), or once what was sent stays unacknowledged for USER_TIMEOUT
+# ms. A busy or stopped rank's kernel still answers them; Dask's own comms take 30 s.
+KEEPALIVE = {"TCP_KEEPIDLE": 1, "TCP_KEEPINTVL": 1, "TCP_KEEPCNT": 3, "TCP_USER_TIMEOUT": 5000}
+
 
 def new_id(kind: str) -> str:
     """``kind-N-P``: N counts up in this process, P names it (wire.sent_after reads both)."""
@@ -191,7 +197,16 @@ async def _connect_data(address: str, hello: dict[str, Any]) -> socket.socket:
     sock.setblocking(False)
     await asyncio.get_running_loop().sock_connect(sock, (host, hello["port"]))
     sock.setblocking(True)
+    _keep_alive(sock)
     return sock
+
+
+def _keep_alive(sock: socket.socket) -> None:
+    """Probe a TCP data connection's peer while it is quiet (KEEPALIVE), where the system can."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in KEEPALIVE.items():
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
 class Link:

@@ -169,6 +169,8 @@ class Reader:
                 batches = conn.feed()
             except MalformedMessage as e:
                 batches, why = None, f"its connection closed: {e}"
+            except TimeoutError:  # keep-alive probes unanswered (links.KEEPALIVE)
+                batches, why = None, "its connection timed out: its host no longer answers"
             except OSError:
                 batches = None
             if batches is not None:
