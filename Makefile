@@ -67,6 +67,7 @@ bench: setup
 	$(PY) benchmarks/bench_scale.py
 	$(PY) benchmarks/bench_sync.py
 	$(PY) benchmarks/bench_ranks.py
+	$(PY) benchmarks/bench_fanout.py --real 4 64
 	$(PY) benchmarks/controller_path.py
 	$(PY) -m monarch_kernels.bench
 
