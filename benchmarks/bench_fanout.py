@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import statistics
@@ -44,6 +43,7 @@ import subprocess
 import sys
 import time
 
+import fresh_process
 import machine
 import orphans as leftovers
 from ranks_measure import CpuMeter
@@ -53,7 +53,6 @@ from monarch_nb.dispatch.relaying import RELAY_FROM
 KINDS = ("direct", "relay", "tcp", "real", "netns")
 PER_HOST = 16  # stand-in ranks per process (per simulated host)
 CELL = "x = 1"
-MARK = "BENCH_RESULT "
 PACKAGES = ("monarch-nb", "dask", "distributed")
 
 
@@ -132,26 +131,10 @@ def measure(kind: str, n: int, args) -> dict:
 # -- the driver ----------------------------------------------------------------------------------
 def run_one(kind: str, n: int, args) -> dict:
     """One measurement in a fresh process; ``{"error": ...}`` rather than an exception."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--one", kind, str(n)]
-    cmd += ["--cells", str(args.cells), "--warmup", str(args.warmup)]
-    cmd += ["--per-host", str(args.per_host), "--netns-hosts", str(args.netns_hosts)]
-    try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=args.timeout, stdin=subprocess.DEVNULL
-        )
-        lines = [x for x in proc.stdout.splitlines() if x.startswith(MARK)]
-        if lines:
-            result = json.loads(lines[-1][len(MARK) :])
-        else:
-            tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-            result = {"error": tail[:160]}
-    except subprocess.TimeoutExpired:
-        result = {"error": f"timed out after {args.timeout:.0f} s"}
-    except BaseException:
-        leftovers.sweep()
-        raise
-    leftovers.sweep()
-    return result
+    argv = ["--one", kind, str(n)]
+    argv += ["--cells", str(args.cells), "--warmup", str(args.warmup)]
+    argv += ["--per-host", str(args.per_host), "--netns-hosts", str(args.netns_hosts)]
+    return fresh_process.run(os.path.abspath(__file__), argv, args.timeout)
 
 
 def _us(x: float | None) -> str:
@@ -278,10 +261,6 @@ def parse(argv=None):
 if __name__ == "__main__":
     args = parse()
     if args.one:
-        try:
-            result = measure(args.one[0], int(args.one[1]), args)
-        except BaseException as e:  # the driver prints this as "not available: ..."
-            result = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
-        print(MARK + json.dumps(result), flush=True)
+        fresh_process.answer(lambda: measure(args.one[0], int(args.one[1]), args))
     else:
         main(args)

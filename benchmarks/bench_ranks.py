@@ -27,20 +27,18 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import signal
-import subprocess
 import sys
 import time
 
+import fresh_process
 import machine
 import orphans as leftovers
 import ranks_measure
 
 SYSTEMS = {"monarch": "monarch-nb", "torchmonarch": "torchmonarch", "ipyparallel": "ipyparallel"}
 PACKAGES = ("torch", "monarch-nb", "dask", "distributed", "torchmonarch", "ipyparallel")
-MARK = "BENCH_RESULT "
 # The targets: the controller's CPU per added rank, and monarch-nb's round trip against
 # torchmonarch's call() at the largest size.
 PER_RANK_TARGET = 20e-6
@@ -48,26 +46,9 @@ PEER_TARGET = 0.5
 
 
 def run_one(system: str, n: int, args) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--one", system, str(n)]
-    cmd += ["--cells", str(args.cells), "--warmup", str(args.warmup), "--idle", str(args.idle)]
-    try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=args.timeout, stdin=subprocess.DEVNULL
-        )
-        result = next(
-            (json.loads(x[len(MARK) :]) for x in proc.stdout.splitlines() if x.startswith(MARK)),
-            None,
-        )
-        if result is None:
-            tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-            result = {"error": tail[:160]}
-    except subprocess.TimeoutExpired:
-        result = {"error": f"timed out after {args.timeout:.0f} s"}
-    except BaseException:
-        leftovers.sweep()
-        raise
-    result["orphans"] = leftovers.sweep()
-    return result
+    argv = ["--one", system, str(n)]
+    argv += ["--cells", str(args.cells), "--warmup", str(args.warmup), "--idle", str(args.idle)]
+    return fresh_process.run(os.path.abspath(__file__), argv, args.timeout)
 
 
 def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -253,10 +234,6 @@ def one(system: str, n: int, args) -> dict:
 if __name__ == "__main__":
     args = parse()
     if args.one:
-        try:
-            result = one(args.one[0], int(args.one[1]), args)
-        except BaseException as e:  # the driver prints this as "not available: ..."
-            result = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
-        print(MARK + json.dumps(result), flush=True)
+        fresh_process.answer(lambda: one(args.one[0], int(args.one[1]), args))
     else:
         main(args)
