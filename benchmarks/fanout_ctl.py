@@ -69,6 +69,7 @@ class Host:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.kill()
+        self.proc.stdout.close()
 
 
 def _first_line(proc: subprocess.Popen, timeout: float) -> dict[str, Any]:
