@@ -16,7 +16,9 @@ PER_HOST ranks as one per host, all on 127.0.0.1. Kinds of run:
   process each, beside the stand-ins at the same sizes, to show how far the stand-in carries;
 - ``netns``: NETNS_HOSTS simulated hosts, each a network namespace holding one stand-in
   process (fanout_netns.py), reached by TCP as other machines are; no relay (the direct-link
-  baseline of issue 52's per-host relays). Needs root; "not available" otherwise.
+  baseline of issue 52's per-host relays). After the cells, the last host's link is taken down
+  while its ranks are busy: the seconds until the cell ends, failed on that host's ranks alone.
+  Needs root; "not available" otherwise.
 
 Every kind and size runs in a fresh process (this script re-invoked with ``--one KIND N``).
 The cell is ``x = 1`` (bench_dispatch.py's); ``ctl.run`` until every rank has answered.
@@ -41,6 +43,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 import fresh_process
@@ -49,6 +52,7 @@ import orphans as leftovers
 from ranks_measure import CpuMeter
 
 from monarch_nb.dispatch.relaying import RELAY_FROM
+from monarch_nb.dispatch.results import CellError
 
 KINDS = ("direct", "relay", "tcp", "real", "netns")
 PER_HOST = 16  # stand-in ranks per process (per simulated host)
@@ -59,13 +63,14 @@ PACKAGES = ("monarch-nb", "dask", "distributed")
 # -- one measurement, in its own process ----------------------------------------------------------
 @contextlib.contextmanager
 def cluster(kind: str, n: int, per_host: int, netns_hosts: int):
-    """A controller over ``n`` ranks of ``kind``, and how many hosts hold them; closed after."""
+    """A controller over ``n`` ranks of ``kind``, how many hosts hold them and, on namespace
+    hosts, ``cut(i)`` that takes host i's link down (else None); closed after."""
     if kind == "real":
         import monarch_nb
 
         ctl = monarch_nb.up(workers=n, cpu=True, dist=False, current=False)
         try:
-            yield ctl, 1
+            yield ctl, 1, None
         finally:
             ctl.down()
         return
@@ -81,8 +86,9 @@ def cluster(kind: str, n: int, per_host: int, netns_hosts: int):
 
             if (why := fanout_netns.why_not()) is not None:
                 raise RuntimeError(why)
-            hosts = stack.enter_context(fanout_netns.hosts(netns_hosts, n // netns_hosts))
+            hosts, cut = stack.enter_context(fanout_netns.hosts(netns_hosts, n // netns_hosts))
         else:
+            cut = None
             sizes = [min(per_host, n - start) for start in range(0, n, per_host)]
             hosts = []
             stack.callback(lambda: [host.close() for host in hosts])
@@ -90,7 +96,7 @@ def cluster(kind: str, n: int, per_host: int, netns_hosts: int):
                 hosts.append(Host(size, tcp_only=kind == "tcp"))
         ctl = Controller(hosts)
         stack.callback(ctl.close)
-        yield ctl, len(hosts)
+        yield ctl, len(hosts), cut
 
 
 def _cpu_s(pid: int) -> float:
@@ -100,8 +106,30 @@ def _cpu_s(pid: int) -> float:
         return int(f.read().split()[0]) / 1e9
 
 
+def lost_host(ctl, hosts: int, cut) -> float:
+    """Seconds from the last host's link going down, mid-cell, to the cell's end: the ranks
+    there busy (a stand-in's cells run one after another, so its host is), the others done.
+    Checks that the cell failed on that host's ranks alone, each WorkerLost."""
+    n = len(ctl.ranks)
+    first = n - n // hosts
+    at: list[float] = []
+    timer = threading.Timer(1.0, lambda: (at.append(time.monotonic()), cut(hosts - 1)))
+    timer.start()
+    try:
+        ctl.run(f"import time\nif rank >= {first}:\n    time.sleep(60)\nrank", timeout=90)
+    except CellError as e:
+        took = time.monotonic() - at[0]
+        lost = sorted(r for r, err in e.errors.items() if err.ename == "WorkerLost")
+        if lost != list(range(first, n)) or len(e.errors) != len(lost):
+            raise RuntimeError(f"the cut host's cell failed on {sorted(e.errors)}") from None
+        return took
+    finally:
+        timer.cancel()
+    raise RuntimeError("the cell on the cut host did not fail")
+
+
 def measure(kind: str, n: int, args) -> dict:
-    with cluster(kind, n, args.per_host, args.netns_hosts) as (ctl, hosts):
+    with cluster(kind, n, args.per_host, args.netns_hosts) as (ctl, hosts, cut):
         got = ctl.run(CELL)
         if len(got) != n:
             raise RuntimeError(f"{len(got)} of {n} ranks answered")
@@ -118,7 +146,9 @@ def measure(kind: str, n: int, args) -> dict:
             times.append(time.perf_counter() - t)
         cpu = meter.stop()
         relay_cpu = _cpu_s(relay) - relay_before if relay is not None else None
+        lost = lost_host(ctl, hosts, cut) if cut is not None else None
     return {
+        "lost_host": lost,
         "hosts": hosts,
         "relayed": relay is not None,
         "p50": statistics.median(times),
@@ -143,11 +173,11 @@ def _us(x: float | None) -> str:
 
 def table(results: dict[tuple[str, int], dict]) -> list[str]:
     head = ["kind", "ranks", "hosts", "relay", "p50 ms", "p90 ms", "ctl CPU/cell us"]
-    head += ["ctl CPU/cell/rank us", "relay CPU/cell us"]
+    head += ["ctl CPU/cell/rank us", "relay CPU/cell us", "a host lost, named in s"]
     rows = [head, ["---"] * len(head)]
     for (kind, n), r in results.items():
         if "error" in r:
-            rows.append([kind, str(n), "", "", f"not available: {r['error']}", "", "", "", ""])
+            rows.append([kind, str(n), "", "", f"not available: {r['error']}", *[""] * 5])
             continue
         rows.append(
             [
@@ -160,6 +190,7 @@ def table(results: dict[tuple[str, int], dict]) -> list[str]:
                 _us(r["ctl_cpu"]),
                 _us(r["ctl_cpu"] / n),
                 _us(r["relay_cpu"]),
+                "-" if r.get("lost_host") is None else f"{r['lost_host']:.2f}",
             ]
         )
     return ["| " + " | ".join(row) + " |" for row in rows]

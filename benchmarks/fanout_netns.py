@@ -27,8 +27,9 @@ def why_not() -> str | None:
 
 @contextlib.contextmanager
 def hosts(count: int, ranks: int):
-    """``count`` namespaces, each with a stand-in process of ``ranks`` ranks; all of them
-    removed afterwards, whatever happens."""
+    """``count`` namespaces, each with a stand-in process of ``ranks`` ranks, and ``cut(i)``,
+    which takes host i's link down (it vanishes, closing nothing); all of them removed
+    afterwards, whatever happens."""
     roles = {f"h{i:02d}": FIRST_OCTET + i for i in range(count)}
     with tempfile.TemporaryDirectory(prefix="fanout-netns-") as logs:
         net = _netns.Network(roles, Path(logs))
@@ -37,7 +38,8 @@ def hosts(count: int, ranks: int):
             net.build()
             for role in roles:
                 started.append(Host(ranks, net.address(role), prefix=_inside(net, role)))
-            yield started
+            names = list(roles)
+            yield started, lambda i: net.link(names[i], "down")
         finally:
             for host in started:
                 host.close()
