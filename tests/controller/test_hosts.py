@@ -39,7 +39,7 @@ pytestmark = pytest.mark.netns
 TCP_TIMEOUT = 11  # s: distributed.comm.timeouts.tcp everywhere here (Dask allows no less than 11)
 WORKER_TTL = 5  # s: distributed.scheduler.worker-ttl
 SCHEDULER_PORT = 8786  # free by construction: the scheduler's namespace is new
-LOST_HOST = 8  # s from a cut link to the cell's end: 4 s of keep-alive probes, and room
+LOST_HOST = 15  # s from a cut link to the cell's end: 4 s of keep-alive probes, and room
 
 
 class Hosts(Network):

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.netns
 
 TCP_TIMEOUT = 11  # s: distributed.comm.timeouts.tcp everywhere here (Dask allows no less than 11)
 WORKER_TTL = 5  # s: distributed.scheduler.worker-ttl (the scheduler is the notebook's)
-LOST_HOST = 8  # s from a cut link to the cell's end: 4 s of keep-alive probes, and room
+LOST_HOST = 15  # s from a cut link to the cell's end: 4 s of keep-alive probes, and room
 WAIT = 120  # s for the jobs' workers to join: three workers importing torch on two cores
 
 
