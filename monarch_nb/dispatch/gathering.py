@@ -19,7 +19,7 @@ from typing import Any
 import cloudpickle
 
 from monarch_nb.dispatch import prompting
-from monarch_nb.dispatch.links import Request
+from monarch_nb.dispatch.links import UNREACHABLE, Request
 from monarch_nb.dispatch.output import Renderer
 from monarch_nb.dispatch.reader import given_back, next_event
 from monarch_nb.dispatch.results import (
@@ -218,6 +218,12 @@ def why(ev: dict[str, Any]) -> str:
         why = ev.get("why", "connection lost")
         if ev.get("ended_here"):  # the notebook ended it: down or restart, no advice needed
             return why
+        if why == UNREACHABLE:  # the worker may live on behind a network that comes back
+            return (
+                f"the worker is out of reach: {why} (if the host comes back with it, %monarch "
+                "restart gives every rank a fresh worker; if it does not, %monarch scale with the "
+                "same number of ranks starts one)"
+            )
         return (
             f"the worker is gone: {why} (if no replacement joins, %monarch scale with the same "
             "number of ranks starts one)"

@@ -39,6 +39,7 @@ _PROCESS = uuid.uuid4().hex[:6]  # ids stay unique across controllers a rank has
 # probes at interval s: about 4 s), or once what was sent stays unacknowledged for USER_TIMEOUT
 # ms. A busy or stopped rank's kernel still answers them; Dask's own comms take 30 s.
 KEEPALIVE = {"TCP_KEEPIDLE": 1, "TCP_KEEPINTVL": 1, "TCP_KEEPCNT": 3, "TCP_USER_TIMEOUT": 5000}
+UNREACHABLE = "its connection timed out: its host no longer answers"  # the reason then given
 
 
 def new_id(kind: str) -> str:

@@ -20,6 +20,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from monarch_nb.dispatch.links import UNREACHABLE
 from monarch_nb.wire import MalformedMessage
 
 if TYPE_CHECKING:
@@ -170,7 +171,7 @@ class Reader:
             except MalformedMessage as e:
                 batches, why = None, f"its connection closed: {e}"
             except TimeoutError:  # keep-alive probes unanswered (links.KEEPALIVE)
-                batches, why = None, "its connection timed out: its host no longer answers"
+                batches, why = None, UNREACHABLE
             except OSError:
                 batches = None
             if batches is not None:
