@@ -33,6 +33,7 @@ from monarch_nb.rank import children, debugger, session, worker_logs
 from monarch_nb.rank import comms as rank_comms
 from monarch_nb.rank import device as rank_device
 from monarch_nb.rank import ft as rank_ft
+from monarch_nb.rank import interrupting as rank_interrupting
 from monarch_nb.rank import mesh as rank_mesh
 from monarch_nb.rank import profiling as rank_profiling
 from monarch_nb.rank import release as rank_release
@@ -188,14 +189,28 @@ class Engine:
                     self._cancelled.popitem(last=False)
                 return
             if self._in_user and self._thread.ident is not None:
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                    ctypes.c_ulong(self._thread.ident), ctypes.py_object(KeyboardInterrupt)
-                )
-                self._interrupt_sent = True
-                session.interrupt_group()  # a child process the cell waits on stops too
+                target = self._current
+                if not self._raise(target, force=False):  # the thread is importing
+                    rank_interrupting.later(lambda force: self._raise(target, force, lock=True))
             elif self._current is not None:
                 # Taken but not yet running (being compiled, say): raised as it starts.
                 self._interrupt_pending = True
+
+    def _raise(self, target: str | None, force: bool, lock: bool = False) -> bool:
+        """KeyboardInterrupt in the rank's thread while ``target`` runs user code there, unless
+        it is importing and not ``force``d (interrupting.py); False where it waits for that."""
+        with self._lock if lock else contextlib.nullcontext():
+            ident = self._thread.ident
+            if not (self._in_user and self._current == target and ident is not None):
+                return True  # done, or not in user code any more: nothing to stop
+            if not force and rank_interrupting.importing(ident):
+                return False
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt)
+            )
+            self._interrupt_sent = True
+            session.interrupt_group()  # a child process the cell waits on stops too
+            return True
 
     def _hit(self, cell_id: str | None, sent: str | None) -> str | None:
         """The request an interrupt asked now stops: the running one unless it is spared."""
