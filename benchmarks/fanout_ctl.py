@@ -25,6 +25,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from monarch_nb.controller.attach import setup_message
 from monarch_nb.dispatch import dispatch, gathering, relaying, syntax
 from monarch_nb.dispatch.links import Link, RankInfo, Request, Router
 from monarch_nb.dispatch.output import Renderer
@@ -135,17 +136,7 @@ class Controller:
         relaying.join(self, list(links.values()))
         for link in links.values():
             self._reader.add(link)
-            link.send(
-                {
-                    "op": "setup",
-                    "id": setup.id,
-                    "rank": link.info.rank,
-                    "world_size": len(self.ranks),
-                    "local_rank": link.info.local_rank,
-                    "widgets": False,
-                    "env": {},
-                }
-            )
+            link.send(setup_message(link.info, setup.id, len(self.ranks), False, {}))
         outcomes = wait_for_setup(
             setup,
             lambda ranks: dispatch.submit(self, "info", ranks, {"op": "info", "about": setup.id}),

@@ -83,6 +83,20 @@ def attach_all(ctl: Controller, workers: Mapping[str, dict]) -> None:
     open_links(ctl, ctl.ranks)
 
 
+def setup_message(info: RankInfo, setup_id: str, world_size: int, widgets: bool, env) -> dict:
+    """What asks a newly attached engine to set up as rank ``info`` (its reply ends the
+    ``setup_id`` request): its place in the world, whether it shows widgets, its variables."""
+    return {
+        "op": "setup",
+        "id": setup_id,
+        "rank": info.rank,
+        "world_size": world_size,
+        "local_rank": info.local_rank,
+        "widgets": widgets,
+        "env": env,
+    }
+
+
 def reattach(ctl: Controller) -> None:
     """Attach to the workers a restart brought up, and form the process group again."""
     attach_all(ctl, wait_for_workers(ctl, len(ctl.ranks), timeout=60))
@@ -117,15 +131,9 @@ def open_links(ctl: Controller, infos: list[RankInfo]) -> None:
     for link in links.values():
         ctl._reader.add(link)
         link.send(
-            {
-                "op": "setup",
-                "id": setup.id,
-                "rank": link.info.rank,
-                "world_size": len(ctl.ranks),
-                "local_rank": link.info.local_rank,
-                "widgets": ctl.comms.shows_widgets(),
-                "env": ctl.rank_env,
-            }
+            setup_message(
+                link.info, setup.id, len(ctl.ranks), ctl.comms.shows_widgets(), ctl.rank_env
+            )
         )
     outcomes = wait_for_setup(
         setup, lambda ranks: dispatch.submit(ctl, "info", ranks, {"op": "info", "about": setup.id})
