@@ -54,7 +54,7 @@ from ranks_measure import CpuMeter
 from monarch_nb.dispatch.relaying import RELAY_FROM
 from monarch_nb.dispatch.results import CellError
 
-KINDS = ("direct", "relay", "tcp", "real", "netns")
+KINDS = ("direct", "relay", "tcp", "far", "real", "netns", "hosts")
 PER_HOST = 16  # stand-in ranks per process (per simulated host)
 CELL = "x = 1"
 PACKAGES = ("monarch-nb", "dask", "distributed")
@@ -76,12 +76,14 @@ def cluster(kind: str, n: int, per_host: int, netns_hosts: int):
         return
     from fanout_ctl import Controller, Host
 
-    from monarch_nb.dispatch import relaying
+    from monarch_nb.dispatch import host_relays, relaying
 
     if kind in ("direct", "tcp"):
         relaying.RELAY_FROM = 1 << 30  # the baseline: no relay, whatever the size
+    if kind == "netns":
+        host_relays.HOST_RELAY_FROM = 1 << 30  # the direct links, as before the host relays
     with contextlib.ExitStack() as stack:
-        if kind == "netns":
+        if kind in ("netns", "hosts"):
             import fanout_netns
 
             if (why := fanout_netns.why_not()) is not None:
@@ -92,8 +94,11 @@ def cluster(kind: str, n: int, per_host: int, netns_hosts: int):
             sizes = [min(per_host, n - start) for start in range(0, n, per_host)]
             hosts = []
             stack.callback(lambda: [host.close() for host in hosts])
-            for size in sizes:
-                hosts.append(Host(size, tcp_only=kind == "tcp"))
+            for i, size in enumerate(sizes):
+                if kind == "far":  # a loopback address of its own, as a host of its own
+                    hosts.append(Host(size, f"127.0.0.{2 + i}", far=True))
+                else:
+                    hosts.append(Host(size, tcp_only=kind == "tcp"))
         ctl = Controller(hosts)
         stack.callback(ctl.close)
         yield ctl, len(hosts), cut
@@ -135,8 +140,9 @@ def measure(kind: str, n: int, args) -> dict:
             raise RuntimeError(f"{len(got)} of {n} ranks answered")
         for _ in range(args.warmup):
             ctl.run(CELL)
-        relay = ctl._relay.proc.pid if ctl._relay is not None else None
-        relay_before = _cpu_s(relay) if relay is not None else 0.0
+        relays = [ctl._relay.proc.pid] if ctl._relay is not None else []
+        relays += [pid for host in getattr(ctl, "hosts", []) for pid in host.relays]
+        relay_before = sum(map(_cpu_s, relays))
         meter = CpuMeter()
         meter.start()
         times = []
@@ -145,12 +151,12 @@ def measure(kind: str, n: int, args) -> dict:
             ctl.run(CELL)
             times.append(time.perf_counter() - t)
         cpu = meter.stop()
-        relay_cpu = _cpu_s(relay) - relay_before if relay is not None else None
+        relay_cpu = sum(map(_cpu_s, relays)) - relay_before if relays else None
         lost = lost_host(ctl, hosts, cut) if cut is not None else None
     return {
         "lost_host": lost,
         "hosts": hosts,
-        "relayed": relay is not None,
+        "relayed": bool(relays),
         "p50": statistics.median(times),
         "p90": statistics.quantiles(times, n=10, method="inclusive")[-1],
         "ctl_cpu": cpu["controller"] / args.cells,
@@ -224,8 +230,13 @@ def _said(kind: str, args) -> str:
         f"{RELAY_FROM} ranks (the product as it is)",
         "tcp": f"{one_host}, TCP (as other hosts' ranks are reached), no relay",
         "real": "real engines, monarch_nb.up(workers=N, cpu=True, dist=False)",
+        "far": f"{args.per_host} stand-in ranks per process, each process at a loopback "
+        "address of its own (127.0.0.2, .3, ...) as a host of its own, reached through a relay "
+        "started on it (dispatch/host_relays.py)",
         "netns": f"{args.netns_hosts} network namespaces on one bridge, one stand-in process "
-        "each, reached by TCP, no relay",
+        "each, reached by TCP, no relay (the direct links)",
+        "hosts": f"the same {args.netns_hosts} namespaces, each host's ranks reached through a "
+        "relay started in its namespace (dispatch/host_relays.py)",
     }[kind]
 
 
@@ -234,7 +245,7 @@ def plan(args) -> list[tuple[str, int]]:
     too, for the side by side), the real engine at its own sizes."""
     runs = []
     for kind in args.kinds:
-        if kind == "netns":
+        if kind in ("netns", "hosts"):
             sizes = [args.netns_hosts * k for k in args.netns_ranks]
         elif kind == "real":
             sizes = args.real

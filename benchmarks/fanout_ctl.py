@@ -6,10 +6,12 @@ dispatch folder needs of a controller (dispatch/protocol.py's ``Ctl``), wired as
 controller/controller.py and controller/attach.py wire the real one: a ``Link`` per rank opened
 on an event loop of its own thread (the Dask client's, in a notebook), the Reader and Router,
 the local relay joined as ``attach.open_links`` joins it (dispatch/relaying.py: from
-RELAY_FROM ranks whose engines are on this host), each rank's setup waited for as there
-(setup_wait.py), and a cell run as ``Controller.run`` runs a blocking one: ``syntax.parse``,
-``dispatch.submit``, ``dispatch.collect``, ``dispatch.settle``. Left out, as nothing here needs
-them: the process group, notices, replacing a lost worker, widgets, telemetry.
+RELAY_FROM ranks whose engines are on this host) and the other hosts' relays too
+(dispatch/host_relays.py, started as a worker there would start them), each rank's setup
+waited for as there (setup_wait.py), and a cell run as ``Controller.run`` runs a blocking
+one: ``syntax.parse``, ``dispatch.submit``, ``dispatch.collect``, ``dispatch.settle``. Left
+out, as nothing here needs them: the process group, notices, replacing a lost worker, widgets,
+telemetry.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from monarch_nb.controller.attach import setup_message
-from monarch_nb.dispatch import dispatch, gathering, relaying, syntax
+from monarch_nb.dispatch import dispatch, gathering, host_relays, relaying, syntax
 from monarch_nb.dispatch.links import Link, RankInfo, Request, Router
 from monarch_nb.dispatch.output import Renderer
 from monarch_nb.dispatch.reader import Reader
@@ -34,6 +36,7 @@ from monarch_nb.dispatch.results import ValueMesh
 from monarch_nb.dispatch.setup_wait import wait_for_setup
 from monarch_nb.dispatch.targets import parse_targets
 from monarch_nb.errors import ClusterError
+from monarch_nb.relay import start as relay_start
 
 STANDIN = Path(__file__).resolve().parent / "fanout_standin.py"
 START_TIMEOUT = 60.0  # seconds for a stand-in process to listen on all its ranks
@@ -42,17 +45,35 @@ START_TIMEOUT = 60.0  # seconds for a stand-in process to listen on all its rank
 class Host:
     """One stand-in process: ``ranks`` ranks listening on ``address``. ``prefix``: what runs
     it elsewhere (``nsenter`` into a network namespace); ``tcp_only``: its ranks offer no
-    Unix-domain socket, as a far host's cannot be reached by one."""
+    Unix-domain socket, as a far host's cannot be reached by one; ``far``: they offer one that
+    only its host's relay uses (a far host on this machine, at its own 127.0.0.N)."""
 
-    def __init__(self, ranks: int, address: str = "127.0.0.1", tcp_only: bool = False, prefix=()):
+    def __init__(
+        self,
+        ranks: int,
+        address: str = "127.0.0.1",
+        tcp_only: bool = False,
+        prefix=(),
+        far: bool = False,
+    ):
         self.address = address
+        self.prefix = tuple(prefix)
+        self.relays: list[int] = []  # the pids of the relays started on it
         cmd = [*prefix, sys.executable, str(STANDIN), "--ranks", str(ranks), "--host", address]
         if tcp_only:
             cmd.append("--tcp-only")
+        if far:
+            cmd.append("--far")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         said = _first_line(self.proc, START_TIMEOUT)
         self.pid: int = said["pid"]
         self.addresses: list[str] = said["addresses"]
+
+    def start_relay(self, token: str) -> dict[str, int]:
+        """Its host's relay (relay/start.py), in its namespace: what a worker there starts."""
+        where = relay_start.spawn(self.address, token, self.prefix)
+        self.relays.append(where["pid"])
+        return where
 
     def garbage(self, index: int) -> None:
         """Its ``index``-th rank writes a malformed frame to the controller."""
@@ -90,6 +111,7 @@ class Controller:
     """The dispatch folder's controller (``Ctl``) over the ranks of ``hosts``."""
 
     def __init__(self, hosts: list[Host]):
+        self.hosts = hosts
         self.id = uuid.uuid4().hex
         self.closed = False
         self.ranks: list[RankInfo] = []
@@ -97,6 +119,8 @@ class Controller:
         self._known: dict[int, dict[str, Any]] = {}
         self._links: dict[int, Link] = {}
         self._relay = None
+        self._host_relays = {}
+        self.said: list[str] = []  # what the product would tell the user once (notices)
         self._router = Router()
         self._reader = Reader(self._router)
         self._detached = False
@@ -134,6 +158,9 @@ class Controller:
 
         self._on_loop(open_all(), timeout=60)
         relaying.join(self, list(links.values()))
+        by_address = {host.address: host for host in hosts}
+        start = lambda link, token: by_address[link.info.host].start_relay(token)  # noqa: E731
+        host_relays.join(self, list(links.values()), start, self.said.append)
         for link in links.values():
             self._reader.add(link)
             link.send(setup_message(link.info, setup.id, len(self.ranks), False, {}))
@@ -204,5 +231,6 @@ class Controller:
         with contextlib.suppress(Exception):
             self._on_loop(close_all(), timeout=5)
         relaying.close(self)
+        host_relays.close(self)
         self._reader.stop()
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -7,7 +7,8 @@ sends the hello (where the data path listens, and a token) and then obeys ``info
 controller on this host) that take the controller's data connection, the relay's, and
 ``interrupt_here``'s, each checked by its first frame (controller id and token). The product's
 own code does the framing (wire.FrameConn), the replies (engine_io.Channel: a second copy of a
-resent cell dropped, events sent as a list per frame) and the cells (rank/cells.py: compiled,
+resent cell dropped, events sent as a list per frame, kept behind a host relay until the
+controller acknowledges them and sent again on its resume) and the cells (rank/cells.py: compiled,
 run in the rank's namespace, the last expression's value pickled, an exception formatted).
 
 What it leaves out: the rank's own thread and process (the ranks' cells run one after another
@@ -17,7 +18,7 @@ print, ``call`` requests (answered with an error), the control comm's ``stacks``
 and ``ft`` (not answered), the handshake's timeout and the peer-credential check of the Unix
 socket, TLS, torch and devices.
 
-    python benchmarks/fanout_standin.py --ranks 16 [--host 10.77.3.2] [--tcp-only]
+    python benchmarks/fanout_standin.py --ranks 16 [--host 10.77.3.2] [--tcp-only | --far]
 
 It prints one JSON line, ``{"pid": ..., "addresses": [...]}`` (the ranks' Dask addresses), and
 then reads commands on stdin: ``garbage I`` writes a malformed frame to the controller on its
@@ -53,8 +54,9 @@ class Rank:
     """One rank: its control listener, data listeners, channels (one per controller) and
     namespace."""
 
-    def __init__(self, host: str, tcp_only: bool):
+    def __init__(self, host: str, tcp_only: bool, far: bool = False):
         self.host = host
+        self.far = far
         self.hostname = socket.gethostname()
         # ssl_context None: TCP plus the Unix-domain socket, as a worker without TLS listens
         self.listeners = Listeners(host, None)
@@ -97,7 +99,10 @@ class Rank:
             if old is not None:
                 self.close_channel(old)
             channel = self.channels[controller] = Channel(self, controller, comm)
-            await comm.write({**self.listeners.hello(), "token": self.token})
+            hello = {**self.listeners.hello(), "token": self.token}
+            if self.far:  # its socket is for its host's processes (a relay), not the controller
+                hello["uid"] = -1
+            await comm.write(hello)
             try:
                 while True:
                     for m in await comm.read():
@@ -190,22 +195,28 @@ class Rank:
         if isinstance(hello.get("interrupt"), dict):
             self.interrupt(hello["interrupt"])
             return None
+        if "ack" in hello:  # what the controller read through the host relay
+            if channel.retained is not None:
+                channel.retained.acked(int(hello["ack"]))
+            return None
+        if "resume" in hello:  # the host relay ended: the controller is here directly
+            return channel if channel.resume(conn, int(hello["resume"])) else None
         if not hello.get("relay"):
-            channel.conn = conn
+            channel.attach(conn, retain=bool(hello.get("retain")))
         return channel
 
     def _drop(self, conn: FrameConn, channel: Channel | None) -> None:
         with contextlib.suppress(ValueError, OSError):
             asyncio.get_running_loop().remove_reader(conn.fileno())
-        if channel is not None and conn is channel.conn:
-            channel.closed = True
+        if channel is not None:
+            channel.ended(conn)
         conn.close()
 
     def garbage(self) -> None:
         """A malformed frame to every controller on its data connection."""
         for channel in list(self.channels.values()):
             if channel.conn is not None:
-                with channel.conn.lock:
+                with channel.lock:
                     channel.conn.sock.sendall(GARBAGE)
 
     # -- requests (Engine._handle) --------------------------------------------------------------
@@ -253,8 +264,8 @@ class Rank:
         return {"status": "ok", **pack(value)}
 
 
-async def serve(ranks: int, host: str, tcp_only: bool) -> None:
-    standins = [Rank(host, tcp_only) for _ in range(ranks)]
+async def serve(ranks: int, host: str, tcp_only: bool, far: bool) -> None:
+    standins = [Rank(host, tcp_only, far) for _ in range(ranks)]
     for r in standins:
         await r.start()
     said = {"pid": os.getpid(), "addresses": [r.address for r in standins]}
@@ -274,8 +285,14 @@ def main(argv=None) -> None:
     p.add_argument("--ranks", type=int, required=True, help="ranks this process stands in for")
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on")
     p.add_argument("--tcp-only", action="store_true", help="no Unix-domain socket (a far host)")
+    p.add_argument(
+        "--far",
+        action="store_true",
+        help="a far host on this machine: the controller is told a Unix-domain socket it may "
+        "not use (another user's), so it uses TCP, and only a relay started here uses it",
+    )
     args = p.parse_args(argv)
-    asyncio.run(serve(args.ranks, args.host, args.tcp_only))
+    asyncio.run(serve(args.ranks, args.host, args.tcp_only, args.far))
 
 
 if __name__ == "__main__":

@@ -100,7 +100,7 @@ MAX_READ = 1 << 20
 _reading = threading.local()
 
 
-def _scratch() -> memoryview:
+def scratch_buffer() -> memoryview:
     """This thread's buffer to receive into. A fresh MAX_READ bytes per recv() was an mmap,
     an mremap and an munmap for every message, and an munmap in a process with many threads
     makes the kernel flush the others' TLBs: a tenth of a trivial cell's round trip."""
@@ -152,7 +152,7 @@ class FrameConn:
         """What arrived behind the handshake (``recv_one``), unpickled only once the taker has
         checked it: read by the thread that feeds the connection next, before it does."""
         if self._buf:
-            out, start = _unframe(self._buf, len(self._buf))
+            out, start = unframe(self._buf, len(self._buf))
             del self._buf[:start]
             self._backlog.extend(out)
         return self._backlog
@@ -258,7 +258,7 @@ class FrameConn:
             if self._eof or not self._tls_read():
                 return None
         else:
-            scratch = _scratch()
+            scratch = scratch_buffer()
             try:  # two threads may both have seen it readable (dispatch/reader.py)
                 got = self.sock.recv_into(scratch, MAX_READ, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
@@ -266,11 +266,11 @@ class FrameConn:
             if not got:
                 return None
             if not self._buf:  # the usual case: whole messages, read where they landed
-                out, start = _unframe(scratch, got, first_limit)
+                out, start = unframe(scratch, got, first_limit)
                 self._buf += scratch[start:got]
                 return out
             self._buf += scratch[:got]
-        out, start = _unframe(self._buf, len(self._buf), first_limit)
+        out, start = unframe(self._buf, len(self._buf), first_limit)
         if start:
             del self._buf[:start]
         return out
@@ -282,7 +282,7 @@ class FrameConn:
         with self._tls:
             # Up to MAX_READ at a time, so that one busy sender does not starve the reader's
             # other connections; never leaving decrypted bytes behind, which select cannot see.
-            scratch = _scratch()
+            scratch = scratch_buffer()
             while taken < MAX_READ or self.sock.pending():
                 try:
                     got = self.sock.recv_into(scratch, MAX_READ)
@@ -339,7 +339,7 @@ def _loads(data, handshake: bool) -> Any:
         raise MalformedMessage(f"it sent a malformed message ({type(e).__name__}: {e})") from None
 
 
-def _unframe(buf, end: int, first_limit: int | None = None) -> tuple[list[Any], int]:
+def unframe(buf, end: int, first_limit: int | None = None) -> tuple[list[Any], int]:
     """The whole messages in ``buf[:end]``, and where the first incomplete one starts; a first
     one that claims more than ``first_limit`` bytes is refused (ValueError), whole or not, and
     is read as plain data only. A message that does not unpickle: MalformedMessage."""

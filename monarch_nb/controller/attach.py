@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING
 
 from monarch_nb.controller import setup_cells
 from monarch_nb.controller import sync as code_sync
-from monarch_nb.dispatch import dispatch, gathering, relaying
+from monarch_nb.dispatch import dispatch, gathering, host_relays, relaying
 from monarch_nb.dispatch.links import Link, RankInfo, Request
 from monarch_nb.dispatch.results import CellError
 from monarch_nb.dispatch.setup_wait import wait_for_setup
 from monarch_nb.dispatch.targets import format_ranks
 from monarch_nb.errors import ClusterError
+from monarch_nb.relay import start as relay_start
 
 if TYPE_CHECKING:
     from monarch_nb.controller.controller import Controller
@@ -128,6 +129,8 @@ def open_links(ctl: Controller, infos: list[RankInfo]) -> None:
             "fresh workers"
         ) from None
     relaying.join(ctl, list(links.values()))
+    start = functools.partial(start_relay, ctl)
+    host_relays.join(ctl, list(links.values()), start, ctl._notice_once)
     for link in links.values():
         ctl._reader.add(link)
         link.send(
@@ -148,6 +151,12 @@ def open_links(ctl: Controller, infos: list[RankInfo]) -> None:
         raise ClusterError(f"rank {rank} failed to start its engine: {gathering.why(ev)}")
 
 
+def start_relay(ctl: Controller, link: Link, token: str) -> dict[str, int]:
+    """A relay on ``link``'s host, started by its worker (relay/start.py)."""
+    address = link.info.address
+    return ctl.client.run(relay_start.start, token, workers=[address])[address]
+
+
 def close_links(ctl: Controller) -> None:
     async def close_all():
         await asyncio.gather(
@@ -157,6 +166,7 @@ def close_links(ctl: Controller) -> None:
     with contextlib.suppress(Exception):
         ctl._on_loop(close_all(), timeout=5)
     relaying.close(ctl)
+    host_relays.close(ctl)
 
 
 def lost(ctl: Controller, rank: int, why: str) -> None:

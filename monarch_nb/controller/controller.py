@@ -99,6 +99,7 @@ class Controller:
         self._reader = Reader(self._router)
         self._links: dict[int, Link] = {}
         self._relay = None  # started by relaying.join once many ranks share this host
+        self._host_relays = {}  # host_relays.join's, one on each other host with ranks
         # What each rank last said about itself (pid, host, device): kept for a rank that stops
         # answering, and the ranks that did not answer when last asked.
         self._known: dict[int, dict[str, Any]] = {}

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 
 from monarch_nb import wire
-from monarch_nb.dispatch import gathering, prompting, relaying, unanswered
+from monarch_nb.dispatch import gathering, host_relays, prompting, relaying, unanswered
 from monarch_nb.dispatch.links import Request, new_id
 from monarch_nb.dispatch.output import Renderer
 from monarch_nb.dispatch.releasing import Release
@@ -78,6 +78,7 @@ def submit(
     framed = wire.frame(body) if per_rank is None and kind != "info" else None
     if framed is not None:
         ranks = relaying.forward(ctl, req, ranks, body, framed)  # those it did not take
+        ranks = host_relays.forward(ctl, req, ranks, body, framed)  # and other hosts' relays
     for rank in ranks:
         if not _link(ctl, req, rank):
             continue

@@ -7,6 +7,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from monarch_nb.dispatch.host_relays import HostRelay
     from monarch_nb.dispatch.links import Link, RankInfo, Request, Router
     from monarch_nb.dispatch.reader import Reader
     from monarch_nb.dispatch.relaying import Relay
@@ -21,6 +22,7 @@ class Ctl(Protocol):
     _known: dict[int, dict[str, Any]]  # what each rank last said about itself
     _links: dict[int, Link]
     _relay: Relay | None  # where requests to many ranks on this host go (relaying.py)
+    _host_relays: dict[str, HostRelay]  # the relays on other hosts by address (host_relays.py)
     _router: Router
     _reader: Reader
     _loop: asyncio.AbstractEventLoop

@@ -24,6 +24,7 @@ from monarch_nb.dispatch.links import UNREACHABLE
 from monarch_nb.wire import MalformedMessage
 
 if TYPE_CHECKING:
+    from monarch_nb.dispatch.host_relays import HostRelay
     from monarch_nb.dispatch.links import Link, Router
 
 _local = threading.local()  # .reader: the Reader whose links this thread reads, if any
@@ -73,6 +74,7 @@ class Reader:
         self.router = router
         self._links_ep = select.epoll()
         self._links: dict[int, Link] = {}  # fd -> link, every link being read
+        self._relays: dict[int, HostRelay] = {}  # fd -> the relay that links are read through
         self._ep = select.epoll()
         self._wake_r, self._wake_w = socket.socketpair()
         self._ep.register(self._wake_r.fileno(), select.EPOLLIN)
@@ -144,6 +146,8 @@ class Reader:
             link = links.get(fd)
             if link is not None:
                 self._read(link)
+            elif fd in self._relays:
+                self._read_relay(fd)
 
     def _take_added(self) -> None:
         with contextlib.suppress(OSError):
@@ -151,9 +155,15 @@ class Reader:
         with self._lock:
             added, self._added = self._added, []
             for link in added:
-                fd = link.conn.fileno()
-                self._links[fd] = link
+                relay = getattr(link.conn, "relay", None)  # behind its host's (host_relays.py)
+                fd = link.conn.fileno() if relay is None else relay.fileno()
+                if relay is not None and (fd in self._relays or fd < 0):
+                    continue
                 self._links_ep.register(fd, select.EPOLLIN)
+                if relay is None:
+                    self._links[fd] = link
+                else:
+                    self._relays[fd] = relay
         for link in added:
             with link.read_lock:
                 for batch in link.conn.backlog:
@@ -190,6 +200,27 @@ class Reader:
         link.conn.close()
         link.gone(why)
         return False
+
+    def _read_relay(self, fd: int) -> None:
+        """Feed a host's relay, which routes what arrived; its end sends its links direct."""
+        relay = self._relays[fd]
+        with relay.read_lock:
+            unreachable = False
+            try:
+                ended = None if relay.fileno() < 0 else relay.feed()
+            except TimeoutError:  # keep-alive probes unanswered: the host is gone
+                ended, unreachable = None, True
+            except OSError:
+                ended = None
+        if ended is not None:
+            for link, why in ended:
+                link.gone(why)
+            return
+        with self._lock:
+            if self._relays.pop(fd, None) is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    self._links_ep.unregister(fd)
+        relay.ended(unreachable)
 
     def _deliver(self, link: Link, batch: list[dict[str, Any]]) -> None:
         for ev in batch:

@@ -184,8 +184,8 @@ def join(ctl: Ctl, links: list[Link]) -> None:
 
 def _on_this_host(link: Link) -> bool:
     """Whether the link's data path is a Unix-domain socket: its engine is on this host."""
-    conn = link.conn
-    return conn is not None and conn.sock.family == socket.AF_UNIX
+    sock = getattr(link.conn, "sock", None)  # none behind a host's relay (host_relays.py)
+    return sock is not None and sock.family == socket.AF_UNIX
 
 
 def forward(

@@ -245,10 +245,14 @@ class CellError(Exception):
                 continue
             lines.append(f"[{format_ranks(ranks)}] {err.ename}, each rank's message below")
             lines.extend(_frames(err.traceback))
-            shown = list(messages.items())[: self.max_messages]
-            lines.extend(f"[rank {r}] {err.ename}: {m}" for r, m in shown)
-            if len(messages) > len(shown):
-                lines.append(f"... {len(messages) - len(shown)} more ranks; see .errors")
+            # ranks that share a message share its line: a host's lost ranks are one line
+            alike: dict[str, list[int]] = {}
+            for r, m in messages.items():
+                alike.setdefault(m, []).append(r)
+            shown = list(alike.items())[: self.max_messages]
+            lines.extend(f"[{format_ranks(rs)}] {err.ename}: {m}" for m, rs in shown)
+            if len(alike) > len(shown):
+                lines.append(f"... {len(alike) - len(shown)} more messages; see .errors")
         if len(groups) > self.max_shown:
             lines.append(
                 f"... {len(groups) - self.max_shown} more distinct tracebacks; see .errors"

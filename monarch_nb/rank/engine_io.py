@@ -23,7 +23,8 @@ import time
 from typing import Any
 
 from monarch_nb.rank.capture import Outbox
-from monarch_nb.wire import RESENT_OPS, FrameConn, Listeners
+from monarch_nb.rank.retained import Retained
+from monarch_nb.wire import RESENT_OPS, FrameConn, Listeners, frame
 
 logger = logging.getLogger("monarch_nb")
 
@@ -42,6 +43,11 @@ class Channel:
         self.conn: FrameConn | None = None
         self.outbox = Outbox(lambda urgent: wire.poke())
         self.closed = False
+        self.lock = threading.Lock()  # keeps frames whole, and whole across a resume
+        # Behind a host relay: the frames sent, until the controller says it read them
+        # (retained.py); ``broken``: the relay's connection ended, a resume is awaited
+        self.retained: Retained | None = None
+        self.broken = False
         # (op, id) of the cells and calls taken lately: a copy sent again after the relay
         # ended (dispatch/relaying.py) is dropped, whichever of the two arrives first
         self._taken: collections.deque[tuple[str, str]] = collections.deque(maxlen=TAKEN)
@@ -65,7 +71,7 @@ class Channel:
         """Send the queued output; True when a throttled progress line waits."""
         if self.conn is None or self.closed:
             return False
-        with self.conn.lock:
+        with self.lock:
             events, again = self.outbox.drain()
             if events:
                 self._send_locked(events)
@@ -75,15 +81,57 @@ class Channel:
         """Send ``event`` now, after every event queued before it."""
         if self.conn is None or self.closed:
             return
-        with self.conn.lock:
+        with self.lock:
             events, _ = self.outbox.drain()
             self._send_locked([*events, event])
 
     def _send_locked(self, events: list[dict[str, Any]]) -> None:
+        retained = self.retained
+        if retained is None:
+            try:
+                self.conn.send_locked(events)
+            except OSError:
+                self.closed = True  # the controller went away; the reading thread drops us
+            return
+        data = b"".join(frame(events))
+        retained.keep(data)
+        if self.broken:
+            return  # kept for the controller's resume
         try:
-            self.conn.send_locked(events)
+            self.conn.sock.sendall(data)
         except OSError:
-            self.closed = True  # the controller went away; the reading thread drops us
+            self.broken = True  # the relay ended: the controller resumes directly
+
+    def attach(self, conn: FrameConn, retain: bool) -> None:
+        """``conn`` is the controller's data connection from now on (its own, or one its host
+        relay made for it: then what is sent is kept until acknowledged)."""
+        with self.lock:
+            self.conn, self.closed, self.broken = conn, False, False
+            self.retained = Retained() if retain else None
+
+    def resume(self, conn: FrameConn, n: int) -> bool:
+        """The controller connected directly after its relay ended, having read ``n`` frames:
+        the ones after are sent again, first; False where they are no longer all here."""
+        with self.lock:
+            frames = None if self.retained is None else self.retained.after(n)
+            if frames is None:
+                return False
+            try:
+                conn.sock.sendall(b"".join(frames))
+            except OSError:
+                return False
+            self.conn, self.closed, self.broken, self.retained = conn, False, False, None
+            return True
+
+    def ended(self, conn: FrameConn) -> None:
+        """(The rank's thread.) ``conn`` closed: the controller's channel ends with its own
+        connection, except behind a relay, where the controller resumes directly."""
+        if conn is not self.conn:
+            return  # a relay's request connection, or one replaced
+        if self.retained is not None:
+            self.broken = True
+        else:
+            self.closed = True
 
 
 class Wire:
@@ -158,8 +206,7 @@ class Wire:
                 if msgs is None:
                     self._sel.unregister(conn)
                     conn.close()
-                    if conn is channel.conn:  # a relay's end leaves the controller's channel
-                        channel.closed = True
+                    channel.ended(conn)
                 else:
                     self._take(channel, msgs)
 
@@ -180,8 +227,18 @@ class Wire:
             conn.close()
             self.on_interrupt(hello["interrupt"])
             return
-        if not hello.get("relay"):  # the controller's own connection: the replies go there
-            channel.conn = conn
+        if "ack" in hello:  # from behind the host relay: what the controller has read
+            conn.close()
+            if channel.retained is not None:
+                channel.retained.acked(int(hello["ack"]))
+            return
+        if "resume" in hello:  # the host relay ended: the controller is here directly
+            if not channel.resume(conn, int(hello["resume"])):
+                logger.warning("monarch_nb: cannot resume: output sent meanwhile was given up")
+                conn.close()
+                return
+        elif not hello.get("relay"):  # the controller's own connection: the replies go there
+            channel.attach(conn, retain=bool(hello.get("retain")))
         with self._lock:
             self._accepted.append((conn, channel))
         self._wake_w.send(b"x")

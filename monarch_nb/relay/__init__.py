@@ -1,4 +1,6 @@
-"""The request relay: a process on the controller's host that writes each request to the ranks'
-engines there, so that the notebook's process sends one message however many ranks a request
-goes to (dispatch/relaying.py starts it and speaks to it). It runs no user code and imports
-nothing but the standard library: it starts in a few tens of milliseconds."""
+"""The relays: processes that run no user code and import nothing but the standard library, so
+they start in a few tens of milliseconds. ``main.py``, the request relay on the controller's
+host, writes each request to the ranks' engines there, so that the notebook's process sends one
+message however many ranks a request goes to (dispatch/relaying.py starts it and speaks to it).
+``host.py``, the relay on every other host, started by a worker there (``start.py``), carries
+that host's requests and its ranks' replies, batched (dispatch/host_relays.py speaks to it)."""
