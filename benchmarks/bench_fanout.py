@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import os
 import signal
 import statistics
@@ -133,6 +134,34 @@ def lost_host(ctl, hosts: int, cut) -> float:
     raise RuntimeError("the cell on the cut host did not fail")
 
 
+def interrupt_all(ctl) -> float:
+    """Seconds from an interrupt of every rank (dispatch.send_interrupt, as Ctrl-C sends it)
+    until the last rank has it, by either of its paths, as the stand-ins noted its arrival."""
+    from monarch_nb.dispatch import dispatch
+
+    t0 = time.time()
+    key = dispatch.send_interrupt(ctl, ctl.targets())
+    deadline = time.monotonic() + 30
+    while True:
+        heard = [host.heard(key) for host in ctl.hosts]
+        if all(
+            count == len(host.addresses) for (count, _), host in zip(heard, ctl.hosts, strict=True)
+        ):
+            return max(last for _, last in heard) - t0
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the interrupt reached {sum(c for c, _ in heard)} ranks in 30 s")
+        time.sleep(0.05)
+
+
+def one_line(ctl, n: int) -> bool:
+    """Whether every rank printing the same line shows as that line once, tagged by them all."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        ctl.run("print('the same line')")
+    shown = [line for line in out.getvalue().splitlines() if line.endswith("the same line")]
+    return shown == [f"[ranks 0-{n - 1}] the same line"]
+
+
 def measure(kind: str, n: int, args) -> dict:
     with cluster(kind, n, args.per_host, args.netns_hosts) as (ctl, hosts, cut):
         got = ctl.run(CELL)
@@ -152,9 +181,14 @@ def measure(kind: str, n: int, args) -> dict:
             times.append(time.perf_counter() - t)
         cpu = meter.stop()
         relay_cpu = sum(map(_cpu_s, relays)) - relay_before if relays else None
+        standins = hasattr(ctl, "hosts")
+        interrupt = interrupt_all(ctl) if standins else None
+        merged = one_line(ctl, n) if standins else None
         lost = lost_host(ctl, hosts, cut) if cut is not None else None
     return {
         "lost_host": lost,
+        "interrupt": interrupt,
+        "merged": merged,
         "hosts": hosts,
         "relayed": bool(relays),
         "p50": statistics.median(times),
@@ -179,11 +213,12 @@ def _us(x: float | None) -> str:
 
 def table(results: dict[tuple[str, int], dict]) -> list[str]:
     head = ["kind", "ranks", "hosts", "relay", "p50 ms", "p90 ms", "ctl CPU/cell us"]
-    head += ["ctl CPU/cell/rank us", "relay CPU/cell us", "a host lost, named in s"]
+    head += ["ctl CPU/cell/rank us", "relay CPU/cell us", "interrupt to every rank s"]
+    head += ["one merged line", "a host lost, named in s"]
     rows = [head, ["---"] * len(head)]
     for (kind, n), r in results.items():
         if "error" in r:
-            rows.append([kind, str(n), "", "", f"not available: {r['error']}", *[""] * 5])
+            rows.append([kind, str(n), "", "", f"not available: {r['error']}", *[""] * 7])
             continue
         rows.append(
             [
@@ -196,6 +231,8 @@ def table(results: dict[tuple[str, int], dict]) -> list[str]:
                 _us(r["ctl_cpu"]),
                 _us(r["ctl_cpu"] / n),
                 _us(r["relay_cpu"]),
+                "-" if r.get("interrupt") is None else f"{r['interrupt']:.3f}",
+                "-" if r.get("merged") is None else "yes" if r["merged"] else "NO",
                 "-" if r.get("lost_host") is None else f"{r['lost_host']:.2f}",
             ]
         )

@@ -80,6 +80,13 @@ class Host:
         self.proc.stdin.write(f"garbage {index}\n")
         self.proc.stdin.flush()
 
+    def heard(self, key: str) -> tuple[int, float | None]:
+        """How many of its ranks interrupt ``key`` reached, and when the last first heard it."""
+        self.proc.stdin.write(f"heard {key}\n")
+        self.proc.stdin.flush()
+        said = _first_line(self.proc, START_TIMEOUT)
+        return said["ranks"], said["last"]
+
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait()

@@ -14,16 +14,17 @@ run in the rank's namespace, the last expression's value pickled, an exception f
 What it leaves out: the rank's own thread and process (the ranks' cells run one after another
 on this process's event loop, so a cell that sleeps holds up every rank of the host, as a C
 call holding the GIL would, and K ranks' replies leave from one process, not K), what cells
-print, ``call`` requests (answered with an error), the control comm's ``stacks``, ``comm``
-and ``ft`` (not answered), the handshake's timeout and the peer-credential check of the Unix
-socket, TLS, torch and devices.
+print as it goes (a cell's lines are sent when it ends), ``call`` requests (answered with an
+error), the control comm's ``stacks``, ``comm`` and ``ft`` (not answered), the handshake's
+timeout and the peer-credential check of the Unix socket, TLS, torch and devices.
 
     python benchmarks/fanout_standin.py --ranks 16 [--host 10.77.3.2] [--tcp-only | --far]
 
 It prints one JSON line, ``{"pid": ..., "addresses": [...]}`` (the ranks' Dask addresses), and
 then reads commands on stdin: ``garbage I`` writes a malformed frame to the controller on its
-I-th rank's data connection (a faithful engine never would: the harness's fault). It exits
-when stdin closes.
+I-th rank's data connection (a faithful engine never would: the harness's fault); ``heard KEY``
+prints how many of its ranks an interrupt (by its key) reached, and when the last of them
+first heard it, as a JSON line. It exits when stdin closes.
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import io
 import json
 import os
 import secrets
 import socket
 import sys
+import time
 from typing import Any
 
 from distributed.comm import CommClosedError, listen
@@ -69,6 +72,8 @@ class Rank:
         self.namespace: dict[str, Any] = {"__name__": "__main__"}
         self.cancelled: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.current: str | None = None
+        self.heard: dict[str | None, float] = {}  # interrupt key -> when it first arrived
+        self.printed: list[str] = []  # the running cell's lines
         self.control = None
         self.address = ""
 
@@ -128,7 +133,11 @@ class Rank:
 
     def interrupt(self, msg: dict[str, Any]) -> None:
         """No cell runs while this loop reads an interrupt (they run on it): one aimed at a
-        request still to come drops it when it comes, as the engine's does."""
+        request still to come drops it when it comes, as the engine's does. When each press
+        (its key) first arrived, by whichever path, is kept for the harness (``heard``)."""
+        self.heard.setdefault(msg.get("key"), time.time())
+        while len(self.heard) > MAX_CANCELLED:
+            self.heard.pop(next(iter(self.heard)))
         target = msg.get("target")
         if target is not None and target != self.current:
             self.cancelled[target] = None
@@ -235,6 +244,9 @@ class Rank:
             reply = {"status": "error", "error": format_error(e)}
         finally:
             self.current = None
+        if self.printed:  # as the engine's Outbox sends them: lines, then the end
+            lines, self.printed = self.printed, []
+            channel.reply({"ev": "stream", "id": cid, "name": "stdout", "lines": lines})
         channel.reply({"ev": "done", "id": cid, **reply})
 
     def run_op(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -252,13 +264,18 @@ class Rank:
         return {"status": "error", "error": plain_error(f"unknown op {op!r}")}
 
     def execute(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """``Engine._execute`` without the output capture, autoreload and profiler."""
+        """``Engine._execute`` without autoreload and the profiler; what it prints is sent as
+        whole lines after it (the engine's go as they are printed)."""
         body, expr, silent = compile_cell(msg)
+        out = io.StringIO()
         try:
-            eval(body, self.namespace)
-            value = eval(expr, self.namespace) if expr is not None else None
+            with contextlib.redirect_stdout(out):
+                eval(body, self.namespace)
+                value = eval(expr, self.namespace) if expr is not None else None
         except Exception as e:
             return {"status": "error", "error": format_error(e)}
+        finally:
+            self.printed = out.getvalue().splitlines()
         if expr is None or silent:
             return {"status": "ok"}
         return {"status": "ok", **pack(value)}
@@ -277,6 +294,9 @@ async def serve(ranks: int, host: str, tcp_only: bool, far: bool) -> None:
         words = line.decode().split()
         if len(words) == 2 and words[0] == "garbage":
             standins[int(words[1])].garbage()
+        elif len(words) == 2 and words[0] == "heard":  # an interrupt's key: who has it, when
+            times = [r.heard[words[1]] for r in standins if words[1] in r.heard]
+            print(json.dumps({"ranks": len(times), "last": max(times, default=None)}), flush=True)
     # stdin closed: whoever started the stand-in is gone, and its ranks go with it
 
 

@@ -26,6 +26,7 @@ import collections
 import contextlib
 import errno
 import itertools
+import pickle
 import secrets
 import select
 import socket
@@ -36,7 +37,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from monarch_nb.dispatch.links import UNREACHABLE, keep_alive
-from monarch_nb.wire import HEADER, MAX_READ, RESENT_OPS, FrameConn, frame, scratch_buffer, unframe
+from monarch_nb.wire import (
+    HEADER,
+    MAX_READ,
+    RESENT_OPS,
+    FrameConn,
+    MalformedMessage,
+    frame,
+    scratch_buffer,
+    unframe,
+)
 
 if TYPE_CHECKING:
     from monarch_nb.dispatch.links import Link, Request, Router
@@ -50,7 +60,15 @@ CONNECT_WITHIN = 5.0  # seconds to reach a relay that has just said where it lis
 DIRECT_WITHIN = 2.0  # seconds to reach a relay's engines directly once it has ended
 IDENT = struct.Struct("!I")
 NAME = struct.Struct("!H")
+RECORD = struct.Struct("!QBI")  # a message up: its length, kind and ident
 E, C = ord("E"), ord("C")
+
+
+def _malformed(e: Exception) -> MalformedMessage:
+    """What a rank's bytes that do not unpickle say of it (as wire.unframe says it)."""
+    if isinstance(e, MalformedMessage):
+        return e
+    return MalformedMessage(f"it sent a malformed message ({type(e).__name__}: {e})")
 
 
 def _message(*parts: bytes) -> tuple[bytes]:
@@ -63,6 +81,7 @@ class RelayedConn:
 
     def __init__(self, relay: HostRelay, ident: int, link: Link):
         self.relay, self.ident, self.link = relay, ident, link
+        self.rank = link.info.rank
         self.buf = bytearray()  # a frame not yet whole
         self.read = 0  # whole frames read: what the engine numbered them by
         self.acked = 0
@@ -225,25 +244,36 @@ class HostRelay:
             data, end = scratch, got
         ended: list[tuple[Link, str]] = []
         acks: list[RelayedConn] = []
-        deliver, conns, size = self.router.deliver, self.conns, HEADER.size
-        start = 0
+        deliver, conns, loads = self.router.deliver, self.conns, pickle.loads
+        start, size, head = 0, RECORD.size, HEADER.size
         while end - start >= size:
-            (n,) = HEADER.unpack_from(data, start)
-            if end - start - size < n:
+            n, kind, ident = RECORD.unpack_from(data, start)
+            body, start = start + head, start + head + n
+            if start > end:
+                start = body - head
                 break
-            body, start = start + size, start + size + n
-            conn = conns.get(IDENT.unpack_from(data, body + 1)[0])
+            conn = conns.get(ident)
             if conn is None:
                 continue  # dropped: its rank left
-            if data[body] == C:
+            if kind == C:
                 ended.append((conn.link, bytes(data[body + 5 : start]).decode(errors="replace")))
                 continue
+            frame_at = body + 5
             try:
-                batches = conn.take(data[body + 5 : start])
-            except ConnectionError as e:  # MalformedMessage
-                ended.append((conn.link, f"its connection closed: {e}"))
+                # the usual case, a thousand times a cell at a thousand ranks: one whole frame
+                if (
+                    not conn.buf
+                    and HEADER.unpack_from(data, frame_at)[0] == start - frame_at - head
+                ):
+                    conn.unacked += start - frame_at
+                    conn.read += 1
+                    batches = (loads(data[frame_at + head : start]),)
+                else:
+                    batches = conn.take(data[frame_at:start])
+            except Exception as e:  # pickle's, for bytes that are no message; MalformedMessage
+                ended.append((conn.link, f"its connection closed: {_malformed(e)}"))
                 continue
-            rank = conn.link.info.rank
+            rank = conn.rank
             for batch in batches:
                 for ev in batch:
                     deliver(rank, ev)

@@ -130,14 +130,15 @@ class Router:
                 self.comms.flush()  # the rank's widgets show their last state before its end
             with self._lock:
                 req = self._requests.get(ev["id"])
-            if req is None or (req.on_done is not None and req.on_done(rank, ev)):
+                if req is not None and req.on_done is None:  # (one lock: a thousand a cell)
+                    remaining = self._done(req, rank, ev)
+            if req is None:
                 return
-            with self._lock:
-                req.status[rank] = ev["status"]
-                remaining = req.remaining
-                remaining.discard(rank)
-                if not remaining:
-                    self._requests.pop(req.id, None)
+            if req.on_done is not None:
+                if req.on_done(rank, ev):
+                    return
+                with self._lock:
+                    remaining = self._done(req, rank, ev)
             release = req.on_failure is not None and not ev.get("no_release")
             if remaining and release and failed(ev):
                 req.on_failure(rank, ev)  # the others are still running: release them
@@ -148,6 +149,15 @@ class Router:
                 return
         req.last_event = time.monotonic()
         req.events.put((rank, ev))
+
+    def _done(self, req: Request, rank: int, ev: dict[str, Any]) -> set[int]:
+        """(Holding the lock.) ``rank`` ended ``req``: the ranks still running it."""
+        req.status[rank] = ev["status"]
+        remaining = req.remaining
+        remaining.discard(rank)
+        if not remaining:
+            self._requests.pop(req.id, None)
+        return remaining
 
     def lost(self, rank: int, why: str) -> None:
         """Finish every request still waiting on ``rank``: its worker is gone."""

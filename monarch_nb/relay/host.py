@@ -149,6 +149,7 @@ class HostRelay:
         self.batch: list[bytes] = []  # this turn's records up
         self.up: collections.deque[memoryview] = collections.deque()  # earlier turns' rest
         self.pending_up = 0
+        self.scratch = memoryview(bytearray(READ_CHUNK))
         self.reading = True
         self.sel = selectors.DefaultSelector()
         self.sel.register(ctl, READ)
@@ -249,12 +250,23 @@ class HostRelay:
         sock.setblocking(False)
         engine = self.engines[ident] = Engine(ident, name, sock)
         self.send(engine, handshake)  # first, before any request
+        self.watch(engine)  # read from now on
 
     # -- to the engines ----------------------------------------------------------------------
     def send(self, engine: Engine, data: bytes) -> None:
+        if not engine.unsent:  # the usual case: an engine's socket with room takes it whole
+            try:
+                n = engine.sock.send(data)
+            except BlockingIOError:
+                n = 0
+            except OSError:  # its end closed: still read to its EOF, so its C goes up last
+                engine.broken = True
+                return
+            if n == len(data):
+                return
+            data = memoryview(data)[n:]
         engine.unsent.append(memoryview(data))
-        if len(engine.unsent) == 1:  # else it waits behind the others, for EVENT_WRITE
-            self.write(engine)
+        self.watch(engine)  # the rest when it has room
 
     def write(self, engine: Engine) -> None:
         try:
@@ -297,21 +309,23 @@ class HostRelay:
 
     # -- from the engines, to the controller ---------------------------------------------------
     def read(self, engine: Engine) -> None:
+        # into one buffer, then copied out at its size: a fresh READ_CHUNK bytes per recv() is
+        # an mmap and an munmap per message (a large allocation), which cost more than the rest
         try:
-            got = engine.sock.recv(READ_CHUNK)
+            n = engine.sock.recv_into(self.scratch, READ_CHUNK)
         except BlockingIOError:
             return
         except OSError as e:
             self.drop(engine.ident, f"its connection closed ({type(e).__name__}: {e})")
             return
-        if got:
-            self.record(b"E", engine.ident, got)
+        if n:
+            self.record(b"E", engine.ident, self.scratch[:n])
         else:
             self.drop(engine.ident, "its connection closed")
 
-    def record(self, kind: bytes, ident: int, data: bytes) -> None:
+    def record(self, kind: bytes, ident: int, data) -> None:
         self.batch.append(LENGTH.pack(1 + IDENT.size + len(data)) + kind + IDENT.pack(ident))
-        self.batch.append(data)
+        self.batch.append(bytes(data))
 
     def flush(self) -> None:
         if self.batch:
