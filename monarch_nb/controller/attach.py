@@ -4,6 +4,7 @@ restart, and when a nanny replaces a worker that died (the replacement takes the
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import sys
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from monarch_nb.controller.controller import Controller
 
 REPLACE_TIMEOUT = 60  # seconds to wait for a nanny to replace a worker that died
+RELAY_WITHIN = 15  # seconds for a worker to start its host's relay
 
 
 def wait_for_workers(ctl: Controller, n: int, timeout: float) -> dict[str, dict]:
@@ -152,9 +154,18 @@ def open_links(ctl: Controller, infos: list[RankInfo]) -> None:
 
 
 def start_relay(ctl: Controller, link: Link, token: str) -> dict[str, int]:
-    """A relay on ``link``'s host, started by its worker (relay/start.py)."""
+    """A relay on ``link``'s host, started by its worker (relay/start.py); TimeoutError where
+    the worker does not say within RELAY_WITHIN seconds (a relay started later, that nobody
+    connects to, ends by itself)."""
     address = link.info.address
-    return ctl.client.run(relay_start.start, token, workers=[address])[address]
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="monarch-relay-start")
+    try:
+        started = pool.submit(ctl.client.run, relay_start.start, token, workers=[address])
+        return started.result(RELAY_WITHIN)[address]
+    except concurrent.futures.TimeoutError:
+        raise TimeoutError(f"its worker did not start it within {RELAY_WITHIN:g} s") from None
+    finally:
+        pool.shutdown(wait=False)
 
 
 def close_links(ctl: Controller) -> None:

@@ -10,7 +10,7 @@ test_hosts.py builds them::
 
 From the controller's namespace a rank is reached by TCP only, as on another machine; the relay
 that a worker starts on its host reaches the engines there by their Unix-domain sockets. In
-order, on one cluster: cells, merged output, status and an interrupt through the relays; one
+order, on one cluster: cells, merged output, status, stacks and an interrupt through the relays; one
 host's relay killed mid-cell (its ranks go direct, nothing lost or run twice); one host cut off
 mid-cell (its ranks lost, named in one line, the others' values kept).
 """
@@ -124,11 +124,14 @@ def test_every_hosts_ranks_through_its_relay(hosts, cell):
     assert where == {r: f"mnb-{role}" for role, ranks in on.items() for r in ranks}
     assert cell.out.count("the same line") == 1, cell.out  # twelve ranks, one merged line
 
-    # 2. Status names each rank's host; an interrupt reaches every rank through the relays.
+    # 2. Status names each rank's host; stacks and an interrupt reach every rank through the
+    # relays.
     cell("%monarch status")
     assert all(f"mnb-{role}" in cell.out for role in HOSTS), cell.out
     handle = cell("%%monarch --noblock\nwhile True: pass")
     assert wait_for(lambda: len(ctl._router.busy()) == n, 20)
+    report = ctl.stacks()  # asked on each rank's event loop, answered through its relay
+    assert sorted(report.ranks) == list(range(n)) and not report.silent, report.silent
     cell("%monarch interrupt")
     with pytest.raises(monarch_nb.CellError, match="KeyboardInterrupt") as caught:
         handle.result(timeout=10)
