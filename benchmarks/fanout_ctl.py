@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import subprocess
 import sys
 import threading
@@ -102,16 +101,26 @@ class Host:
 
 
 def _first_line(proc: subprocess.Popen, timeout: float) -> dict[str, Any]:
-    """The JSON line a stand-in prints once it listens; RuntimeError if it exits first."""
-    got: list[str] = []
-    reading = threading.Thread(target=lambda: got.append(proc.stdout.readline()), daemon=True)
-    reading.start()
-    reading.join(timeout)
-    if not got or not got[0]:
-        proc.kill()
-        proc.wait()
-        raise RuntimeError(f"a stand-in did not start within {timeout:g} s (see its stderr)")
-    return json.loads(got[0])
+    """The JSON line a stand-in prints (once it listens, or when asked); RuntimeError if it
+    exits first."""
+    said = relay_start.json_line(proc, timeout)
+    if said is None:
+        raise RuntimeError(f"a stand-in did not answer within {timeout:g} s (see its stderr)")
+    return said
+
+
+@contextlib.contextmanager
+def running(hosts: list[Host]):
+    """A Controller over ``hosts``; it and they closed after, whatever happens."""
+    ctl = None
+    try:
+        ctl = Controller(hosts)
+        yield ctl
+    finally:
+        if ctl is not None:
+            ctl.close()
+        for host in hosts:
+            host.close()
 
 
 class Controller:

@@ -127,6 +127,20 @@ class Network:
         self.procs.append(proc)
         return proc
 
+    def build_or_skip(self) -> None:
+        """``build``, or skip the test where this machine cannot."""
+        try:
+            self.build()
+        except subprocess.CalledProcessError as e:
+            pytest.skip(f"this machine cannot build the test network: {e.cmd}: {e.stderr}")
+
+    def dask_scheduler(self, role: str, port: int, env: Mapping[str, str], *extra: str) -> None:
+        """A Dask scheduler in ``role``'s namespace, on its address and ``port``."""
+        command = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
+        self.start(
+            role, *command, "--host", self.address(role), "--port", str(port), *extra, env=env
+        )
+
     def link(self, role: str, state: str) -> None:
         """Take ``role``'s link to the bridge ``down`` or bring it ``up``."""
         ip("-n", self.ns(role), "link", "set", "eth0", state)

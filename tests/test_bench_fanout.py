@@ -14,7 +14,7 @@ from _wait import wait_for
 
 sys.path.append(str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from fanout_ctl import Controller, Host
+from fanout_ctl import Host, running
 
 from monarch_nb.dispatch.results import CellError
 
@@ -22,15 +22,8 @@ from monarch_nb.dispatch.results import CellError
 @pytest.fixture
 def sim():
     hosts = [Host(4), Host(4)]
-    ctl = None
-    try:
-        ctl = Controller(hosts)
+    with running(hosts) as ctl:
         yield ctl, hosts
-    finally:
-        if ctl is not None:
-            ctl.close()
-        for host in hosts:
-            host.close()
 
 
 def test_a_cell_round_trips_with_each_ranks_value(sim):

@@ -37,10 +37,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from monarch_nb.dispatch.links import UNREACHABLE, keep_alive
+from monarch_nb.dispatch.resending import Unfinished
 from monarch_nb.wire import (
     HEADER,
     MAX_READ,
-    RESENT_OPS,
     FrameConn,
     MalformedMessage,
     frame,
@@ -142,10 +142,7 @@ class HostRelay:
         self.conns: dict[int, RelayedConn] = {}
         self._ids = itertools.count(1)
         self.buf = bytearray()
-        # request id -> (links, message) of the cells and calls sent, while they may be unfinished
-        self.sent: collections.OrderedDict[str, list[tuple[list[Link], dict]]] = (
-            collections.OrderedDict()
-        )
+        self.unfinished = Unfinished(router)  # sent again directly if it ends
 
     def fileno(self) -> int:
         return self.conn.fileno()
@@ -202,15 +199,8 @@ class HostRelay:
                 self.conn.post_frame(_message(head, *framed))
             except OSError:
                 return False
-            if msg.get("op") in RESENT_OPS:
-                self._keep(links, msg)
+            self.unfinished.keep(links, msg)
         return True
-
-    def _keep(self, links: list[Link], msg: dict[str, Any]) -> None:
-        live, sent = self.router.live, self.sent
-        while sent and next(iter(sent)) not in live:
-            sent.popitem(last=False)
-        sent.setdefault(msg["id"], []).append((links, msg))
 
     def say(self, conn: RelayedConn, what: dict[str, Any], post: bool = True) -> bytes:
         """A handshake that carries ``what`` (an interrupt, an acknowledgement) to the engine on
@@ -325,22 +315,9 @@ class HostRelay:
                 with contextlib.suppress(OSError):
                     link.conn.send(said)
                 self.reader.add(link)
-            self._send_again()
+            self.unfinished.send_again(lambda link: isinstance(link.conn, FrameConn))
         for link, why in lost:
             link.gone(why)
-
-    def _send_again(self) -> None:
-        live = self.router.live
-        for request_id, entries in self.sent.items():
-            req: Request | None = live.get(request_id)
-            if req is None:
-                continue
-            for links, msg in entries:
-                again = {**msg, "resent": True}
-                for link in links:
-                    if link.info.rank in req.remaining and isinstance(link.conn, FrameConn):
-                        link.send_direct(again)
-        self.sent.clear()
 
     def close(self) -> None:
         """End the relay (the cluster is going down): it sees its connection end and exits."""

@@ -14,7 +14,6 @@ Other messages it held (an answer to a rank's input(), a widget's change) are lo
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import itertools
 import socket
@@ -24,8 +23,9 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
+from monarch_nb.dispatch.resending import Unfinished
 from monarch_nb.relay import main as relay_main
-from monarch_nb.wire import HEADER, RESENT_OPS, FrameConn, connect_local, frame
+from monarch_nb.wire import HEADER, FrameConn, connect_local, frame
 
 if TYPE_CHECKING:
     from monarch_nb.dispatch.links import Link, Request, Router
@@ -56,10 +56,7 @@ class Relay:
         self.lock = threading.Lock()  # alive, the links, sent; a forward keeps its order
         self.links: dict[int, Link] = {}  # relay id -> link
         self._ids = itertools.count(1)
-        # request id -> (links, message) of the cells and calls sent, while they may be unfinished
-        self.sent: collections.OrderedDict[str, list[tuple[list[Link], dict]]] = (
-            collections.OrderedDict()
-        )
+        self.unfinished = Unfinished(router)  # sent again directly if it ends
         threading.Thread(target=self._watch, daemon=True, name="monarch-relay").start()
 
     # -- membership ----------------------------------------------------------------------------
@@ -107,16 +104,8 @@ class Relay:
                 self.conn.post_frame((HEADER.pack(len(head) + len(inner)), head, inner))
             except OSError:
                 return False
-            if msg.get("op") in RESENT_OPS:
-                self._keep(links, msg)
+            self.unfinished.keep(links, msg)
         return True
-
-    def _keep(self, links: list[Link], msg: dict[str, Any]) -> None:
-        live = self.router.live
-        sent = self.sent
-        while sent and next(iter(sent)) not in live:
-            sent.popitem(last=False)
-        sent.setdefault(msg["id"], []).append((links, msg))
 
     # -- its end -------------------------------------------------------------------------------
     def _watch(self) -> None:
@@ -130,17 +119,7 @@ class Relay:
             if not self.alive:
                 return
             self.alive = False
-            live = self.router.live
-            for request_id, entries in self.sent.items():
-                req = live.get(request_id)
-                if req is None:
-                    continue
-                for links, msg in entries:
-                    again = {**msg, "resent": True}
-                    for link in links:
-                        if link.info.rank in req.remaining:
-                            link.send_direct(again)
-            self.sent.clear()
+            self.unfinished.send_again()
             self._let_go()
 
     def close(self) -> None:

@@ -9,10 +9,13 @@ process group leaves it be; this worker reaps it.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import subprocess
 import sys
 import threading
+from typing import Any
 
 from monarch_nb.relay import host as relay_host
 
@@ -35,19 +38,29 @@ def spawn(host: str, token: str, prefix: tuple[str, ...] = ()) -> dict[str, int]
         stdout=subprocess.PIPE,
         start_new_session=True,
     )
-    proc.stdin.write(token.encode() + b"\n")
-    proc.stdin.close()
-    said: list[bytes] = []
+    with contextlib.suppress(BrokenPipeError):  # (one that exited at once: said below)
+        proc.stdin.write(token.encode() + b"\n")
+        proc.stdin.close()
+    said = json_line(proc, START_WITHIN)
+    proc.stdout.close()
+    if said is None:
+        timed_out = proc.returncode == -signal.SIGKILL  # (json_line's kill)
+        why = f"did not start within {START_WITHIN:g} s" if timed_out else "exited"
+        raise RuntimeError(f"the relay {why} on {host}, before it said where it listens")
+    threading.Thread(target=proc.wait, daemon=True, name="monarch-relay-reaper").start()
+    return {"port": int(said["port"]), "pid": int(said["pid"])}
+
+
+def json_line(proc: subprocess.Popen, timeout: float) -> Any:
+    """The next line ``proc`` prints, read as JSON, within ``timeout`` seconds; None where it
+    prints none (then it is killed: its reader ends with it)."""
+    said: list = []
     reading = threading.Thread(target=lambda: said.append(proc.stdout.readline()), daemon=True)
     reading.start()
-    reading.join(START_WITHIN)
-    if not said or not said[0]:
-        proc.kill()
-        proc.wait()
-        reading.join()  # the kill ended its read
-        proc.stdout.close()
-        raise RuntimeError(f"the relay did not start within {START_WITHIN:g} s on {host}")
-    proc.stdout.close()
-    threading.Thread(target=proc.wait, daemon=True, name="monarch-relay-reaper").start()
-    where = json.loads(said[0])
-    return {"port": int(where["port"]), "pid": int(where["pid"])}
+    reading.join(timeout)
+    if said and said[0]:
+        return json.loads(said[0])
+    proc.kill()
+    proc.wait()
+    reading.join()
+    return None

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -54,10 +53,7 @@ def hosts(tmp_path):
     saved = module.current()
     module.set_current(None)
     try:
-        try:
-            net.build()
-        except subprocess.CalledProcessError as e:
-            pytest.skip(f"this machine cannot build the test network: {e.cmd}: {e.stderr}")
+        net.build_or_skip()
         env = {
             "DASK_DISTRIBUTED__COMM__TIMEOUTS__TCP": f"{TCP_TIMEOUT}s",
             "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": f"{TCP_TIMEOUT}s",
@@ -65,18 +61,7 @@ def hosts(tmp_path):
             "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
         }
         sched = net.address("sched")
-        net.start(
-            "sched",
-            sys.executable,
-            "-m",
-            "distributed.cli.dask_scheduler",
-            "--host",
-            sched,
-            "--port",
-            str(SCHEDULER_PORT),
-            "--no-dashboard",
-            env=env,
-        )
+        net.dask_scheduler("sched", SCHEDULER_PORT, env, "--no-dashboard")
         for role in HOSTS:
             net.start(
                 role,

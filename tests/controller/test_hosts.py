@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -63,10 +62,7 @@ def hosts(tmp_path, request):
     saved = module.current()
     module.set_current(None)
     try:
-        try:
-            h.build()
-        except subprocess.CalledProcessError as e:
-            pytest.skip(f"this machine cannot build the test network: {e.cmd}: {e.stderr}")
+        h.build_or_skip()
         python = sys.executable
         dask_env = {
             "DASK_DISTRIBUTED__COMM__TIMEOUTS__TCP": f"{TCP_TIMEOUT}s",
@@ -75,19 +71,8 @@ def hosts(tmp_path, request):
             "OMP_NUM_THREADS": "1",
             "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
         }
-        h.start(
-            "sched",
-            python,
-            "-m",
-            "distributed.cli.dask_scheduler",
-            "--host",
-            h.address("sched"),
-            "--port",
-            str(SCHEDULER_PORT),
-            "--dashboard-address",
-            f"{h.address('sched')}:8787",
-            env=dask_env,
-        )
+        dashboard = f"{h.address('sched')}:8787"
+        h.dask_scheduler("sched", SCHEDULER_PORT, dask_env, "--dashboard-address", dashboard)
         hide: list[str] = []
         if getattr(request, "param", {}).get("hidden"):
             h.hidden = tmp_path / "controller-only"

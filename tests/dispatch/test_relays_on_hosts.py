@@ -18,7 +18,7 @@ import pytest
 
 sys.path.append(str(Path(__file__).resolve().parent.parent.parent / "benchmarks"))
 
-from fanout_ctl import Controller, Host
+from fanout_ctl import Host, running
 
 from monarch_nb.dispatch.host_relays import HostRelay, RelayedConn
 from monarch_nb.dispatch.results import CellError
@@ -34,15 +34,8 @@ def far_hosts(first: int = 2) -> list[Host]:
 @pytest.fixture
 def sim():
     hosts = far_hosts()
-    ctl = None
-    try:
-        ctl = Controller(hosts)
+    with running(hosts) as ctl:
         yield ctl, hosts
-    finally:
-        if ctl is not None:
-            ctl.close()
-        for host in hosts:
-            host.close()
 
 
 def test_each_hosts_ranks_are_reached_through_its_relay(sim):
@@ -98,17 +91,11 @@ def test_a_malformed_frame_through_a_relay_loses_that_rank_only(sim):
 def test_a_relay_that_cannot_start_leaves_its_host_direct_said_once():
     hosts = far_hosts(first=5)
     hosts[1].prefix = ("sh", "-c", "exit 3")  # where its relay would run: nothing listens
-    ctl = None
-    try:
-        ctl = Controller(hosts)
+    with running(hosts) as ctl:
         assert sorted(ctl._host_relays) == [hosts[0].address, hosts[2].address]
         assert len(ctl.said) == 1
-        assert ctl.said[0].startswith(f"no relay on host {hosts[1].address} (")
+        assert ctl.said[0].startswith(f"no relay on host {hosts[1].address} (RuntimeError: the ")
+        assert f"relay exited on {hosts[1].address}, before it said where it listens" in ctl.said[0]
         assert "its ranks are reached directly" in ctl.said[0]
         assert all(isinstance(ctl._links[r].conn, FrameConn) for r in range(4, 8))
         assert ctl.run("rank").to_dict() == {r: r for r in range(12)}
-    finally:
-        if ctl is not None:
-            ctl.close()
-        for host in hosts:
-            host.close()
