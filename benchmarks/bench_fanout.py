@@ -1,36 +1,41 @@
 """A trivial cell's round trip and the controller's CPU per rank against stand-in ranks, from 8
 to 64 on this host and from 128 to 1,024 on 16 simulated hosts (issue 52's simulation): the
-groundwork for per-host relays, and the baseline without them.
+relays on every host, against the direct links.
 
-The controller's side is the product's own (fanout_ctl.py: links, Reader, Router, relay,
+The controller's side is the product's own (fanout_ctl.py: links, Reader, Router, the relays,
 submit, gather, settle); the ranks are stand-ins (fanout_standin.py), one process per
-PER_HOST ranks as one per host, all on 127.0.0.1. Kinds of run:
+PER_HOST ranks as one per host. Kinds of run:
 
 - ``direct``: each rank's own Unix-domain socket, as for engines on the controller's host,
   with the local relay kept off (relaying.RELAY_FROM raised past any size here);
 - ``relay``: the same with the product's RELAY_FROM (16): from 16 ranks the requests go
   through the local relay (dispatch/relaying.py), the replies still come back per rank;
-- ``tcp``: each rank's TCP socket, as for engines on other hosts (the relay takes only ranks
-  on the controller's host): the direct links that issue 52's per-host relays would replace;
+- ``tcp``: each rank's TCP socket, as for engines on other hosts, and no relay;
+- ``far``: each stand-in process at a loopback address of its own, as a host of its own,
+  reached through the relay started there (dispatch/host_relays.py, relay/host.py);
 - ``real``: real engines, ``monarch_nb.up(workers=N, cpu=True, dist=False)``, one Dask worker
   process each, beside the stand-ins at the same sizes, to show how far the stand-in carries;
 - ``netns``: NETNS_HOSTS simulated hosts, each a network namespace holding one stand-in
-  process (fanout_netns.py), reached by TCP as other machines are; no relay (the direct-link
-  baseline of issue 52's per-host relays). After the cells, the last host's link is taken down
-  while its ranks are busy: the seconds until the cell ends, failed on that host's ranks alone.
-  Needs root; "not available" otherwise.
+  process (fanout_netns.py), reached by TCP as other machines are, with the host relays off:
+  the direct links, one TCP connection per rank;
+- ``hosts``: the same hosts, each reached through the relay started in its namespace.
+  After the cells of ``netns`` and ``hosts``, the last host's link is taken down while its
+  ranks are busy: the seconds until the cell ends, failed on that host's ranks alone. Both
+  need root; "not available" otherwise.
 
 Every kind and size runs in a fresh process (this script re-invoked with ``--one KIND N``).
 The cell is ``x = 1`` (bench_dispatch.py's); ``ctl.run`` until every rank has answered.
 The controller's CPU is its own threads' (ranks_measure.CpuMeter: the notebook's thread, the
 Reader's, its writers'; not the event loop's, nor, for ``real``, Dask's scheduler and nannies
-in the same process), per cell and per cell per rank; the relay's, a process of its own,
-beside it. The stand-ins share the machine's cores with the controller, so the round trips
-include their turns.
+in the same process), per cell and per cell per rank; the relays' and the stand-ins', processes
+of their own, beside it. They all share the machine's cores, so the round trips include their
+turns: on 2 cores a round trip is at least the sum of the three columns over 2. With the
+stand-ins, after the cells: an interrupt of every rank (as Ctrl-C sends it) until the last rank
+noted it, and whether every rank printing the same line shows as one line.
 
-    python benchmarks/bench_fanout.py                       # 8, 16, 32, 64; real at 4; netns
+    python benchmarks/bench_fanout.py                       # every kind
     python benchmarks/bench_fanout.py --ranks 8 16 --kinds direct tcp --cells 100
-    python benchmarks/bench_fanout.py --kinds netns --netns-hosts 16 --netns-ranks 8 64
+    python benchmarks/bench_fanout.py --kinds netns hosts --netns-hosts 16 --netns-ranks 8 64
     python benchmarks/bench_fanout.py --one direct 8        # one raw JSON line
 """
 
@@ -112,6 +117,13 @@ def _cpu_s(pid: int) -> float:
         return int(f.read().split()[0]) / 1e9
 
 
+def _process_cpu_s(pid: int) -> float:
+    """CPU seconds of process ``pid``, all its threads, user and system (in clock ticks)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def lost_host(ctl, hosts: int, cut) -> float:
     """Seconds from the last host's link going down, mid-cell, to the cell's end: the ranks
     there busy (a stand-in's cells run one after another, so its host is), the others done.
@@ -172,6 +184,8 @@ def measure(kind: str, n: int, args) -> dict:
         relays = [ctl._relay.proc.pid] if ctl._relay is not None else []
         relays += [pid for host in getattr(ctl, "hosts", []) for pid in host.relays]
         relay_before = sum(map(_cpu_s, relays))
+        standins = [host.pid for host in getattr(ctl, "hosts", [])]
+        standins_before = sum(map(_process_cpu_s, standins))
         meter = CpuMeter()
         meter.start()
         times = []
@@ -181,7 +195,7 @@ def measure(kind: str, n: int, args) -> dict:
             times.append(time.perf_counter() - t)
         cpu = meter.stop()
         relay_cpu = sum(map(_cpu_s, relays)) - relay_before if relays else None
-        standins = hasattr(ctl, "hosts")
+        standin_cpu = sum(map(_process_cpu_s, standins)) - standins_before if standins else None
         interrupt = interrupt_all(ctl) if standins else None
         merged = one_line(ctl, n) if standins else None
         lost = lost_host(ctl, hosts, cut) if cut is not None else None
@@ -195,6 +209,7 @@ def measure(kind: str, n: int, args) -> dict:
         "p90": statistics.quantiles(times, n=10, method="inclusive")[-1],
         "ctl_cpu": cpu["controller"] / args.cells,
         "relay_cpu": None if relay_cpu is None else relay_cpu / args.cells,
+        "standin_cpu": None if standin_cpu is None else standin_cpu / args.cells,
     }
 
 
@@ -213,12 +228,13 @@ def _us(x: float | None) -> str:
 
 def table(results: dict[tuple[str, int], dict]) -> list[str]:
     head = ["kind", "ranks", "hosts", "relay", "p50 ms", "p90 ms", "ctl CPU/cell us"]
-    head += ["ctl CPU/cell/rank us", "relay CPU/cell us", "interrupt to every rank s"]
+    head += ["ctl CPU/cell/rank us", "relay CPU/cell us", "stand-ins CPU/cell us"]
+    head += ["interrupt to every rank s"]
     head += ["one merged line", "a host lost, named in s"]
     rows = [head, ["---"] * len(head)]
     for (kind, n), r in results.items():
         if "error" in r:
-            rows.append([kind, str(n), "", "", f"not available: {r['error']}", *[""] * 7])
+            rows.append([kind, str(n), "", "", f"not available: {r['error']}", *[""] * 8])
             continue
         rows.append(
             [
@@ -231,6 +247,7 @@ def table(results: dict[tuple[str, int], dict]) -> list[str]:
                 _us(r["ctl_cpu"]),
                 _us(r["ctl_cpu"] / n),
                 _us(r["relay_cpu"]),
+                _us(r.get("standin_cpu")),
                 "-" if r.get("interrupt") is None else f"{r['interrupt']:.3f}",
                 "-" if r.get("merged") is None else "yes" if r["merged"] else "NO",
                 "-" if r.get("lost_host") is None else f"{r['lost_host']:.2f}",

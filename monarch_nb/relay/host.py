@@ -33,9 +33,11 @@ more than 1 GiB, is a protocol error: the relay exits (status 1). Up, to the con
 Writes never block: what an engine's socket does not take waits for it, in order, while the
 others go on. Everything read from the engines in one turn of the loop (at most READ_CHUNK from
 each, so that a busy one starves none) goes up in one write: the controller wakes once a batch,
-not once a rank. Memory bound: while more than MAX_PENDING_UP bytes wait to go up, no engine is
-read (they block in their own writes) until under half of it, so what waits up is at most
-MAX_PENDING_UP plus one turn's reads. What waits down is not bounded (as in relay/main.py).
+not once a rank; and while engines it wrote a request to have not answered yet, what was read
+waits for them, LINGER at most, so that a request's answers go up together. Memory bound:
+while more than MAX_PENDING_UP bytes wait to go up, no engine is read (they block in their own
+writes) until under half of it, so what waits up is at most MAX_PENDING_UP plus one turn's
+reads. What waits down is not bounded (as in relay/main.py).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ CONNECT_WITHIN = 5.0
 MAX_TOKEN = 256
 MAX_DOWN = 1 << 30
 MAX_PENDING_UP = 8 << 20
+LINGER = 0.001  # seconds what was read waits for the answers of engines just asked
 READ_CHUNK = 256 << 10
 MAX_IOV = 64  # buffers to one sendmsg: well under any IOV_MAX
 READ = selectors.EVENT_READ  # (accepting)
@@ -152,6 +155,10 @@ class HostRelay:
         self.batch: list[bytes] = []  # this turn's records up
         self.up: collections.deque[memoryview] = collections.deque()  # earlier turns' rest
         self.pending_up = 0
+        # engines sent a request and not heard from since: their answers are waited for (at
+        # most LINGER) so that a request's answers go up together, one wake-up of the kernel
+        self.awaited: set[int] = set()
+        self.held_since: float | None = None
         self.scratch = memoryview(bytearray(READ_CHUNK))
         self.reading = True
         # epoll itself, not selectors: its bookkeeping per event was a tenth of the relay's work
@@ -164,9 +171,9 @@ class HostRelay:
         try:
             self.parse_down()  # what came behind the token
             while True:
-                self.flush()  # the last turn's reads, in one write
+                wait = self.flush()  # the last turns' reads, in one write, or how long to hold
                 ctl, by_fd, engines = self.ctl.fileno(), self.by_fd, self.engines
-                for fd, events in self.ep.poll():
+                for fd, events in self.ep.poll(wait):
                     if fd == ctl:
                         if events & IN_ANY:
                             self.read_down()
@@ -227,6 +234,7 @@ class HostRelay:
                 engine = self.engines.get(ident)
                 if engine is not None and not engine.broken:
                     self.send(engine, payload)
+                    self.awaited.add(ident)
             return
         (ident,) = IDENT.unpack_from(body, 1)
         rest = body[1 + IDENT.size :]
@@ -312,6 +320,7 @@ class HostRelay:
         engine = self.engines.pop(ident, None)
         if engine is None:
             return
+        self.awaited.discard(ident)
         if engine.events:
             fd = engine.sock.fileno()
             self.ep.unregister(fd)
@@ -332,6 +341,7 @@ class HostRelay:
             self.drop(engine.ident, f"its connection closed ({type(e).__name__}: {e})")
             return
         if n:
+            self.awaited.discard(engine.ident)
             self.record(b"E", engine.ident, self.scratch[:n])
         else:
             self.drop(engine.ident, "its connection closed")
@@ -340,7 +350,17 @@ class HostRelay:
         self.batch.append(LENGTH.pack(1 + IDENT.size + len(data)) + kind + IDENT.pack(ident))
         self.batch.append(bytes(data))
 
-    def flush(self) -> None:
+    def flush(self) -> float:
+        """Send what this turn read, unless engines just asked are still to answer and it has
+        waited for them less than LINGER: then the seconds left to wait (-1: none)."""
+        if self.batch and self.awaited:
+            now = time.monotonic()
+            if self.held_since is None:
+                self.held_since = now
+            left = self.held_since + LINGER - now
+            if left > 0:
+                return left
+        self.held_since = None
         if self.batch:
             turn = memoryview(b"".join(self.batch))  # the turn's batch: one write, one wake-up
             self.batch.clear()
@@ -370,6 +390,7 @@ class HostRelay:
             self.reading = reading
             for engine in self.engines.values():
                 self.watch(engine)
+        return -1
 
 
 def poke(name: str, payload: memoryview) -> None:
