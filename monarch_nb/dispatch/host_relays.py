@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 HOST_RELAY_FROM = 2  # ranks on another host from which they are reached through its relay
 ACK_BYTES = 1 << 20  # read from a rank before the controller says so (what its engine keeps)
-ACK_FRAMES = 256
+ACK_FRAMES = 1024
 CONNECT_WITHIN = 5.0  # seconds to reach a relay that has just said where it listens
 DIRECT_WITHIN = 2.0  # seconds to reach a relay's engines directly once it has ended
 IDENT = struct.Struct("!I")

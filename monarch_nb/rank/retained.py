@@ -39,21 +39,23 @@ class Retained:
 
     def keep(self, data: bytes) -> None:
         with self.lock:
-            self._keep(data)
+            self.sent += 1
+            self.frames.append((self.sent, data))
+            self.size += len(data)
+            if self.size > MAX_RETAINED:
+                self._give_up()
 
-    def _keep(self, data: bytes) -> None:
-        self.sent += 1
-        self.frames.append((self.sent, data))
-        self.size += len(data)
+    def _give_up(self) -> None:
+        """(Holding the lock.) The oldest frames past MAX_RETAINED go, said once."""
+        if not self.given_up:
+            logger.warning(
+                "monarch_nb: over %d MiB of output kept for a controller that has not come "
+                "back; the oldest is given up",
+                MAX_RETAINED >> 20,
+            )
         while self.size > MAX_RETAINED and len(self.frames) > 1:
             number, old = self.frames.popleft()
             self.size -= len(old)
-            if not self.given_up:
-                logger.warning(
-                    "monarch_nb: over %d MiB of output kept for a controller that has not come "
-                    "back; the oldest is given up",
-                    MAX_RETAINED >> 20,
-                )
             self.given_up = number
 
     def acked(self, n: int) -> None:
