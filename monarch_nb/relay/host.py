@@ -34,9 +34,7 @@ Writes never block: what an engine's socket does not take waits for it, in order
 others go on. Everything read from the engines in one turn of the loop (at most READ_CHUNK from
 each, so that a busy one starves none) goes up in one write: the controller wakes once a batch,
 not once a rank; and while engines it wrote a request to have not answered yet, what was read
-waits for them, LINGER at most, so that a request's answers go up together (it naps between
-looks, NAP for each answer still to come, so that they are read together, not each waking it).
-Memory bound:
+waits for them, LINGER at most, so that a request's answers go up together. Memory bound:
 while more than MAX_PENDING_UP bytes wait to go up, no engine is read (they block in their own
 writes) until under half of it, so what waits up is at most MAX_PENDING_UP plus one turn's
 reads. What waits down is not bounded (as in relay/main.py).
@@ -68,7 +66,6 @@ MAX_TOKEN = 256
 MAX_DOWN = 1 << 30
 MAX_PENDING_UP = 8 << 20
 LINGER = 0.001  # seconds what was read waits for the answers of engines just asked
-NAP = 0.00001  # seconds a look waits, for each answer still to come
 READ_CHUNK = 256 << 10
 MAX_IOV = 64  # buffers to one sendmsg: well under any IOV_MAX
 READ = selectors.EVENT_READ  # (accepting)
@@ -175,11 +172,6 @@ class HostRelay:
             self.parse_down()  # what came behind the token
             while True:
                 wait = self.flush()  # the last turns' reads, in one write, or how long to hold
-                if wait > 0:
-                    # holding: the answers still to come are let gather a while and then read
-                    # together, not each one waking the relay (and its writer) on its own
-                    time.sleep(min(wait, NAP * len(self.awaited)))
-                    wait = 0
                 ctl, by_fd, engines = self.ctl.fileno(), self.by_fd, self.engines
                 for fd, events in self.ep.poll(wait):
                     if fd == ctl:
