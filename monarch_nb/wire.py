@@ -29,10 +29,9 @@ logger = logging.getLogger("monarch_nb")
 
 
 class SigintHold:
-    """Once armed, Ctrl-C (SIGINT) on the main thread waits for ``release()``, then is
-    delivered as it would have been: a message sent to several peers reaches all of them, not
-    the first few (one actor in a collective that the others never join waits for ever).
-    Armed only where a write happens, so a send that writes nothing costs nothing more."""
+    """Once armed (only where a write happens), Ctrl-C (SIGINT) on the main thread waits for
+    ``release()``, then is delivered: a message sent to several peers reaches all of them, not
+    the first few (one actor in a collective that the others never join waits for ever)."""
 
     def __init__(self) -> None:
         self._pressed: list[int] = []
@@ -56,9 +55,8 @@ class SigintHold:
 
 
 class Writer:
-    """Writes messages to a comm in order, batching what arrives during a write. Lighter than
-    distributed's BatchedSend (no timer per message), which matters for small round trips.
-    ``send`` runs on the comm's event loop; the other side reads lists of messages."""
+    """Writes messages to a comm in order, batching what arrives during a write: lighter than
+    distributed's BatchedSend (no timer per message). ``send`` runs on the comm's event loop."""
 
     def __init__(self, comm):
         self.comm = comm
@@ -94,7 +92,7 @@ HEADER = struct.Struct("!Q")  # the length of the pickled message that follows
 # it is one of ours: handshakes are under 200 bytes; an SSH banner's first 8 bytes claim 2.8 EiB
 MAX_HANDSHAKE = 64 * 1024
 # Requests sent once per rank and id, which a controller may send again after its relay ended
-# (dispatch/relaying.py); an engine drops the second copy.
+# (dispatch/resending.py); an engine drops the second copy.
 RESENT_OPS = ("execute", "call")
 MAX_READ = 1 << 20
 _reading = threading.local()
@@ -104,10 +102,9 @@ def scratch_buffer() -> memoryview:
     """This thread's buffer to receive into. A fresh MAX_READ bytes per recv() was an mmap,
     an mremap and an munmap for every message, and an munmap in a process with many threads
     makes the kernel flush the others' TLBs: a tenth of a trivial cell's round trip."""
-    buf = getattr(_reading, "buf", None)
-    if buf is None:
-        buf = _reading.buf = memoryview(bytearray(MAX_READ))
-    return buf
+    if getattr(_reading, "buf", None) is None:
+        _reading.buf = memoryview(bytearray(MAX_READ))
+    return _reading.buf
 
 
 def frame(msg: Any) -> tuple[bytes, ...]:
@@ -369,11 +366,9 @@ def claim(first, claimed: int, limit: int) -> str:
 
 
 def _size(n: float) -> str:
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if n < 1024:
-            return f"{n:.3g} {unit}"
-        n /= 1024
-    return f"{n:.3g} EiB"
+    units = ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+    power = next((i for i in range(6) if n < 1024 ** (i + 1)), 6)
+    return f"{n / 1024**power:.3g} {units[power]}"
 
 
 def _wait(sock: socket.socket, events: int, timeout: float) -> bool:
@@ -385,6 +380,11 @@ def _wait(sock: socket.socket, events: int, timeout: float) -> bool:
     poller = select.poll()
     poller.register(fd, events)
     return bool(poller.poll(timeout * 1000))
+
+
+def host_of(address: str) -> str:
+    """The host of a Dask address (``tcp://10.0.0.7:8786`` -> ``10.0.0.7``, IPv6 unbracketed)."""
+    return address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
 
 
 def sent_after(request_id: str | None, mark: str) -> bool:

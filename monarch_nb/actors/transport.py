@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from monarch_nb.wire import FrameConn, Listeners, connect_local
+from monarch_nb.wire import FrameConn, Listeners, connect_local, host_of
 
 logger = logging.getLogger("monarch_nb.actors")
 
@@ -158,7 +158,7 @@ class ActorWire:
 
 def listen_host(worker) -> str:
     """The host the worker listens on: every caller that reaches the worker reaches it."""
-    return _host_of(worker.address)
+    return host_of(worker.address)
 
 
 def server_ssl_context(worker):
@@ -168,17 +168,13 @@ def server_ssl_context(worker):
     return worker.security.get_listen_args("worker").get("ssl_context")
 
 
-def _host_of(address: str) -> str:
-    return address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
-
-
 # -- the caller's side ---------------------------------------------------------------------------
 def connect(address: str, hello: dict, caller: str, connection_args: dict) -> FrameConn:
     """The data connection to the worker at ``address`` whose attach answered ``hello``
     (blocking, bounded: run it off the event loop)."""
     sock = connect_local(hello, CONNECT_TIMEOUT)  # a worker on this host: wire.Listeners
     if sock is None:
-        sock = socket.create_connection((_host_of(address), hello["port"]), timeout=CONNECT_TIMEOUT)
+        sock = socket.create_connection((host_of(address), hello["port"]), timeout=CONNECT_TIMEOUT)
     try:
         ssl_context = connection_args.get("ssl_context")
         tls = address.startswith("tls://") and ssl_context is not None

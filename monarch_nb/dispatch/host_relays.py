@@ -44,6 +44,7 @@ from monarch_nb.wire import (
     FrameConn,
     MalformedMessage,
     frame,
+    host_of,
     scratch_buffer,
     unframe,
 )
@@ -61,7 +62,7 @@ DIRECT_WITHIN = 2.0  # seconds to reach a relay's engines directly once it has e
 IDENT = struct.Struct("!I")
 NAME = struct.Struct("!H")
 RECORD = struct.Struct("!QBI")  # a message up: its length, kind and ident
-E, C = ord("E"), ord("C")
+C = ord("C")  # a message up that says an engine's connection ended
 
 
 def _malformed(e: Exception) -> MalformedMessage:
@@ -137,7 +138,7 @@ class HostRelay:
         self.conn.post_frame(_message(b"T", token.encode()))
         self.alive = True
         self.pid = 0  # the relay's, on its host
-        self.lock = threading.Lock()  # alive, conns, sent; a write keeps its order
+        self.lock = threading.Lock()  # alive, conns, unfinished; a write keeps its order
         self.read_lock = threading.Lock()  # a feed and the delivery of what it read
         self.conns: dict[int, RelayedConn] = {}
         self._ids = itertools.count(1)
@@ -334,7 +335,7 @@ def _connect_all(conns: list[RelayedConn], timeout: float) -> dict[int, socket.s
     poller = select.poll()
     for conn in conns:
         link = conn.link
-        host = link.info.address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+        host = host_of(link.info.address)
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         sock.setblocking(False)
         if sock.connect_ex((host, (link.hello or {}).get("port", 0))) not in (0, errno.EINPROGRESS):
@@ -370,7 +371,7 @@ def place(link: Link) -> str | None:
         return None
     if not isinstance((link.hello or {}).get("local"), str):
         return None
-    return link.info.address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    return host_of(link.info.address)
 
 
 def join(

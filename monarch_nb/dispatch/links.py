@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.comm import CommClosedError, connect
 
-from monarch_nb.wire import FrameConn, Writer, connect_local, frame
+from monarch_nb.wire import FrameConn, Writer, connect_local, frame, host_of
 
 if TYPE_CHECKING:
     from monarch_nb.dispatch.relaying import Relay
@@ -203,7 +203,7 @@ async def _connect_data(address: str, hello: dict[str, Any]) -> socket.socket:
     sock = connect_local(hello, timeout=0.0)
     if sock is not None:
         return sock
-    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    host = host_of(address)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setblocking(False)
     await asyncio.get_running_loop().sock_connect(sock, (host, hello["port"]))

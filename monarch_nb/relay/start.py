@@ -18,6 +18,7 @@ import threading
 from typing import Any
 
 from monarch_nb.relay import host as relay_host
+from monarch_nb.wire import host_of
 
 START_WITHIN = 10.0  # seconds for the relay to say where it listens
 
@@ -25,7 +26,7 @@ START_WITHIN = 10.0  # seconds for the relay to say where it listens
 def start(token: str, dask_worker=None) -> dict[str, int]:
     """Start a relay on this worker's host: ``{"port": ..., "pid": ...}``."""
     address = dask_worker.address if dask_worker is not None else "tcp://127.0.0.1:0"
-    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    host = host_of(address)
     return spawn(host, token)
 
 
