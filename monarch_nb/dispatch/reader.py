@@ -203,7 +203,9 @@ class Reader:
 
     def _read_relay(self, fd: int) -> None:
         """Feed a host's relay, which routes what arrived; its end sends its links direct."""
-        relay = self._relays[fd]
+        relay = self._relays.get(fd)
+        if relay is None:  # another thread saw its end first
+            return
         with relay.read_lock:
             unreachable = False
             try:

@@ -65,6 +65,9 @@ CONNECT_WITHIN = 5.0
 MAX_TOKEN = 256
 MAX_DOWN = 1 << 30
 MAX_PENDING_UP = 8 << 20
+# dispatch/links.py's KEEPALIVE, the controller's side of the same connection (this file
+# imports nothing but the standard library; tests/relay/test_host_relay.py keeps them equal)
+KEEPALIVE = {"TCP_KEEPIDLE": 1, "TCP_KEEPINTVL": 1, "TCP_KEEPCNT": 3, "TCP_USER_TIMEOUT": 5000}
 LINGER = 0.001  # seconds what was read waits for the answers of engines just asked
 READ_CHUNK = 256 << 10
 MAX_IOV = 64  # buffers to one sendmsg: well under any IOV_MAX
@@ -407,8 +410,7 @@ def keep_alive(sock: socket.socket) -> None:
     """So that a controller whose host vanished ends the relay within seconds."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    options = {"TCP_KEEPIDLE": 1, "TCP_KEEPINTVL": 1, "TCP_KEEPCNT": 3, "TCP_USER_TIMEOUT": 5000}
-    for name, value in options.items():
+    for name, value in KEEPALIVE.items():
         if hasattr(socket, name):
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 

@@ -20,7 +20,10 @@ from pathlib import Path
 
 import pytest
 
-HOST_PY = Path(__file__).parents[2] / "monarch_nb" / "relay" / "host.py"
+from monarch_nb.dispatch.links import KEEPALIVE
+from monarch_nb.relay import host as relay_host
+
+HOST_PY = relay_host.__file__
 TOKEN = secrets.token_hex(16)
 
 
@@ -305,3 +308,7 @@ def test_a_relay_nobody_connects_to_ends():
         assert relay.proc.wait(timeout=5) == 0
     finally:
         relay.close()
+
+
+def test_the_relay_keeps_its_controller_alive_as_the_controller_keeps_it():
+    assert relay_host.KEEPALIVE == KEEPALIVE
