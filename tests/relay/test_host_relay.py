@@ -224,6 +224,29 @@ def test_what_the_engines_write_comes_back_in_order_and_batched(relay):
     assert got == {ident: b"from %d" % ident for ident in conns}
 
 
+def test_the_answers_of_many_engines_asked_at_once_all_come_back(relay):
+    """From NAP_FROM engines awaited the relay naps between looks: every answer still comes,
+    whole and in order, however they are spread over its naps."""
+    relay.connect()
+    n = relay_host.NAP_FROM + 4
+    conns = {ident: relay.attach(ident)[1] for ident in range(n)}
+    relay.ctl.sendall(_forward(list(conns), b"cell"))
+    for conn in conns.values():
+        assert _recv_exactly(conn, 4) == b"cell"
+    for conn in conns.values():  # each engine answers in two writes, a moment apart
+        conn.sendall(b"done ")
+    time.sleep(relay_host.NAP / 2)
+    for ident, conn in conns.items():
+        conn.sendall(b"%d;" % ident)
+    got = collections.defaultdict(bytes)
+    want = {ident: b"done %d;" % ident for ident in conns}
+    while any(len(got[ident]) < len(data) for ident, data in want.items()):
+        kind, ident, data = relay.next()
+        assert kind == b"E"
+        got[ident] += data
+    assert got == want
+
+
 def test_an_engine_that_closes_is_reported_after_its_last_bytes(relay):
     relay.connect()
     _, conn = relay.attach(4)
