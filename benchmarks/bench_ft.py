@@ -3,7 +3,9 @@
     python benchmarks/bench_ft.py [--soak 300] [--quick] [--seed 0]
 
 1. Steps/s of FT-DDP (``ft.wrap``, ``ft.steps``) against plain DDP over the cluster's gloo group,
-   the same model, taking turns (target >= 0.9x), with where a step's time goes on rank 0.
+   the same model, taking turns (target >= 0.9x), with where a step's time goes on rank 0 and
+   the CPU a step costs the machine (the 4 ranks' processes, every thread, and the
+   Lighthouse's); beside them torchft's quorum alone, each step, with no model (diagnostic).
 2. Steps lost per SIGKILL (target 0): 3 kills (seeded victims, each once the last is back)
    against the same run without. Batches are seeded by (step, rank); the final loss is each
    rank's on a held-out batch after the loop, mean over ranks (target within 2%).
@@ -33,7 +35,12 @@ import monarch_nb
 
 WORLD = 4
 EVENTS = ("lost", "joining", "healing", "back")
-NAMES = {"ddp": "plain DDP", "ft": "FT-DDP", "ftq": "FT-DDP, its quorum awaited first (diagnostic)"}
+NAMES = {
+    "ddp": "plain DDP",
+    "ft": "FT-DDP",
+    "ftq": "FT-DDP, its quorum awaited first (diagnostic)",
+    "q": "torchft's quorum alone, no model (diagnostic)",
+}
 SETUP = """
 import collections, time, torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -64,13 +71,15 @@ def ddp_run(steps, warm, hid):
     for step in range(steps):
         a = time.perf_counter()
         if step == warm:
-            t.clear(); start = a
+            t.clear(); start, cpu = a, time.process_time()
         opt.zero_grad(); loss_fn(net, batch(step)).backward()
         b = time.perf_counter()
         opt.step()
         t["fwd+bwd"] += b - a; t["opt.step"] += time.perf_counter() - b
     n, rate = steps - warm, (steps - warm) / (time.perf_counter() - start)
-    return dict(rate=rate, ms={k: 1e3 * v / n for k, v in t.items()}, loss=held_loss(model))
+    cpu = 1e3 * (time.process_time() - cpu) / n  # this rank's process: all its threads
+    ms = {k: 1e3 * v / n for k, v in t.items()}
+    return dict(rate=rate, ms=ms, loss=held_loss(model), cpu=cpu)
 
 def ft_run(steps, warm, hid, sync=False):
     model, opt = ft.wrap(*fresh(hid))
@@ -83,7 +92,7 @@ def ft_run(steps, warm, hid, sync=False):
             break
         b = time.perf_counter()
         if start is None and step >= warm:
-            t.clear(); start, first = a, step
+            t.clear(); start, first, cpu = a, step, time.process_time()
         yielded.append(step)
         if sync:  # the step's quorum waited for here, not in the first allreduce (diagnostic)
             mgr.wait_quorum()
@@ -100,15 +109,26 @@ def ft_run(steps, warm, hid, sync=False):
             ok = committed[-1:] == [step]
             slow.append((time.time() - (e - a), step, b - a, c - b, d - c, e - d, ok))
     end, n = time.perf_counter(), len([s for s in yielded if s >= warm])
+    cpu = 1e3 * (time.process_time() - cpu) / n if n else None
     pairs = list(zip(yielded, yielded[1:]))
     return dict(
         final=mgr.current_step(), loss=held_loss(model.module), first=yielded[:1],
         rate=(mgr.current_step() - first) / (end - start) if start else None,
         ms={k: 1e3 * v / n for k, v in t.items()} if n else {}, yields=len(yielded),
         repeats=sum(q == p for p, q in pairs), backwards=sum(q < p for p, q in pairs),
-        slow=slow, once=bool(committed) and committed == list(range(committed[0], steps)),
+        slow=slow, once=bool(committed) and committed == list(range(committed[0], steps)), cpu=cpu,
     )
 ftq_run = lambda steps, warm, hid: ft_run(steps, warm, hid, sync=True)
+
+def q_run(steps, warm, hid):  # each step's quorum, started and awaited, and nothing else
+    ft.wrap(*fresh(hid))
+    mgr = ft.manager()
+    for step in range(steps):
+        if step == warm:
+            start, cpu = time.perf_counter(), time.process_time()
+        mgr.start_quorum(); mgr.wait_quorum()
+    n, wall = steps - warm, time.perf_counter() - start
+    return dict(rate=n / wall, ms={}, cpu=1e3 * (time.process_time() - cpu) / n)
 """
 
 
@@ -233,12 +253,17 @@ def per_rank_table(result, steps: int) -> None:
 
 
 def throughput(ctl, hid: int, steps: int, warm: int, repeats: int, kinds=("ddp", "ft")) -> float:
+    lighthouse = psutil.Process(ctl.ft.pid)
     rates: dict[str, list[float]] = {kind: [] for kind in kinds}
+    cpus: dict[str, list[float]] = {kind: [] for kind in kinds}
     ms: dict[str, dict] = {}
     for _ in range(repeats):  # taking turns: the machine's load changes
         for kind in kinds:
+            before = sum(lighthouse.cpu_times()[:2])
             res = ctl.run(f"{kind}_run({steps}, {warm}, {hid})", quiet=True)
+            beside = 1e3 * (sum(lighthouse.cpu_times()[:2]) - before) / steps
             rates[kind].append(min(v["rate"] for v in res.values()))
+            cpus[kind].append(sum(v["cpu"] for v in res.values()) + beside)
             ms[kind] = res.item(0)["ms"]
     rate = {kind: statistics.median(r) for kind, r in rates.items()}
     for kind in kinds:
@@ -246,8 +271,8 @@ def throughput(ctl, hid: int, steps: int, warm: int, repeats: int, kinds=("ddp",
         ratio = rate[kind] / rate["ddp"]
         ratio = f"{ratio:.2f}x | {'met' if ratio >= 0.9 else 'NOT met'}" if kind == "ft" else " |"
         print(
-            f"| {hid} | {NAMES[kind]} | {rate[kind]:.1f} | {1e3 / rate[kind]:.2f} | {parts} "
-            f"| {ratio} |"
+            f"| {hid} | {NAMES[kind]} | {rate[kind]:.1f} | {1e3 / rate[kind]:.2f} | "
+            f"{statistics.median(cpus[kind]):.2f} | {parts} | {ratio} |"
         )
     return rate["ft"]
 
@@ -274,7 +299,10 @@ def main() -> None:
             "allreduces, in which FT-DDP waits for the step's quorum unless awaited first; "
             "opt.step: torchft's should_commit and the step)\n"
         )
-        table("hidden | loop | steps/s | ms/step | ms in each part | FT/DDP | >= 0.9x")
+        table(
+            "hidden | loop | steps/s | ms/step | CPU ms/step, 4 ranks + Lighthouse | "
+            "ms in each part | FT/DDP | >= 0.9x"
+        )
         kinds = ("ddp", "ft") if args.quick else tuple(NAMES)
         rate = throughput(ctl, 256, 400 if args.quick else 1000, 50, repeats, kinds)
         if not args.quick:
