@@ -283,7 +283,7 @@ class Renderer:
         self._by_key: dict[tuple[str, str], _Bucket] = {}
         self._last_seq: dict[int, int] = {}
         self._seq = 0
-        self._held: dict[int, list[_Entry]] = {r: [] for r in self.ranks}
+        self._held: dict[int, list[_Entry]] = {}  # --no-stream: by rank, of those that wrote
 
     def feed(self, rank: int, ev: dict[str, Any]) -> None:
         kind = ev["ev"]
@@ -311,9 +311,9 @@ class Renderer:
     def _add(self, rank: int, entry: _Entry) -> None:
         if not self.stream:
             if entry.kind == "clear":
-                self._held[rank].clear()
+                self._held.pop(rank, None)
             else:
-                self._held[rank].append(entry)
+                self._held.setdefault(rank, []).append(entry)
             return
         if self.shapes and entry.kind == "line":
             entry.key, entry.texts = (entry.name, merging.shape(entry.text)), {rank: entry.text}
@@ -398,7 +398,10 @@ class Renderer:
             return
         # --no-stream: one block per group of ranks that printed exactly the same thing.
         groups: dict[tuple, list[int]] = {}
-        for rank, entries in self._held.items():
+        held = self._held
+        place = {r: i for i, r in enumerate(self.ranks)} if held else {}
+        for rank in sorted(held, key=lambda r: place.get(r, len(place))):  # in the ranks' order
+            entries = held[rank]
             if entries:
                 key = tuple((e.kind, e.name, e.text, id(e.data)) for e in entries)
                 if all(e.kind == "line" for e in entries) and self.collapse:

@@ -8,6 +8,7 @@ namespaces: tests/controller/test_host_relays.py."""
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -99,3 +100,19 @@ def test_a_relay_that_cannot_start_leaves_its_host_direct_said_once():
         assert "its ranks are reached directly" in ctl.said[0]
         assert all(isinstance(ctl._links[r].conn, FrameConn) for r in range(4, 8))
         assert ctl.run("rank").to_dict() == {r: r for r in range(12)}
+
+
+def test_a_frame_that_repeats_the_last_is_read_as_fresh_events():
+    """A thousand ranks' identical replies are unpickled once; each rank still gets events of
+    its own, and an event holding something mutable is unpickled every time."""
+    relay = object.__new__(HostRelay)  # what reads frames, without a relay behind it
+    relay.same = None
+    done = pickle.dumps([{"ev": "done", "id": "execute-1", "status": "ok"}])
+    first = relay._events(done)
+    second = relay._events(bytearray(done))
+    assert first == second and first[0] is not second[0]
+    first[0]["status"] = "changed by its reader"
+    assert relay._events(done) == [{"ev": "done", "id": "execute-1", "status": "ok"}]
+    failed = pickle.dumps([{"ev": "done", "status": "error", "error": {"ename": "E"}}])
+    a, b = relay._events(failed), relay._events(failed)
+    assert a == b and a[0]["error"] is not b[0]["error"]
