@@ -166,11 +166,11 @@ class HostRelay:
         """One whole frame's events: a copy of the last small frame's where ``raw`` repeats
         it (SAME_MAX), else unpickled."""
         same = self.same
-        if same is not None and len(raw) == len(same[0]) and raw == same[0]:
-            return [dict(ev) for ev in same[1]]
+        if same is not None and len(raw) == len(same[0]) and bytes(raw) == same[0]:
+            return [ev.copy() for ev in same[1]]
         events = pickle.loads(raw)
         if len(raw) <= SAME_MAX and _flat(events):
-            self.same = bytes(raw), [dict(ev) for ev in events]
+            self.same = bytes(raw), [ev.copy() for ev in events]
         return events
 
     # -- membership ----------------------------------------------------------------------------
