@@ -199,6 +199,8 @@ def _hosts(rows: list[dict[str, Any]], y: float, width: int) -> list[str]:
         n = last - first + 1
         label = f"{host} · {n} rank{'s' if n != 1 else ''}"
         chars = max(int((x1 - x0) / 6.5), 1)
+        if len(label) > chars:  # too narrow for the count (16 hosts of 64): the name alone
+            label = host
         mid = (x0 + x1) / 2
         out.append(text(mid, y + 12, clip(label, chars), 10, "middle", fill_opacity="0.7"))
     return out

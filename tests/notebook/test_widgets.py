@@ -16,7 +16,7 @@ from ipywidgets import DOMWidget
 
 import monarch_nb
 from monarch_nb import CellError
-from monarch_nb.notebook import panel_charts, panel_compact, panel_svg, widgets
+from monarch_nb.notebook import panel_charts, panel_compact, panel_svg, rank_groups, widgets
 from monarch_nb.notebook.widgets import NO_WIDGETS, CellWatch, LivePanel, widgets_available
 from monarch_nb.telemetry.store import Store
 
@@ -280,3 +280,31 @@ def test_ticks_are_round_and_cover_the_range():
     ticks = panel_charts.nice_ticks(0.013, 0.87)
     assert ticks[0] <= 0.013 and ticks[-1] >= 0.87 and len(ticks) <= 7
     assert panel_charts.nice_ticks(5.0, 5.0)[0] < 5.0 < panel_charts.nice_ticks(5.0, 5.0)[-1]
+
+
+def test_a_thousand_ranks_on_sixteen_hosts_read_by_host():
+    """The panel and ``%monarch status`` at 1,024 ranks, 64 on each of 16 hosts: each host
+    named once under its ranks, and one status row per host (and one for a lost rank)."""
+    snap = snapshot(1024, 20)
+    for row in snap["ranks"]:
+        row["host"] = f"n{row['rank'] // 64:02d}"
+    states = {r: ("running", 2.0) for r in range(1024)}
+    states[300] = ("lost", None)
+    html = panel_svg.render(panel_svg.panel_view(snap, states), "t")
+    assert len(html) <= panel_compact.MAX_BYTES
+    shown = ["".join(t.itertext()) for t in svg_of(html).iter(f"{SVG}text")]
+    assert "running ranks 0-299,301-1023 (2.0 s) · lost rank 300" in shown
+    assert [t for t in shown if t.startswith("n")] == [f"n{h:02d}" for h in range(16)]
+    rows = [
+        {"rank": r, "host": f"n{r // 64:02d}", "device": "cuda: MI300X", "pid": 1000 + r,
+         "state": "lost" if r == 300 else f"busy {2 + r / 1024:.1f} s"}
+        for r in range(1024)
+    ]  # fmt: skip
+    grouped, columns = rank_groups.group(rows, ["rank", "host", "device", "state", "pid"])
+    assert columns == ["ranks", "host", "device", "state"]
+    assert [(g["ranks"], g["host"]) for g in grouped][3:6] == [
+        ("192-255", "n03"),
+        ("256-299,301-319", "n04"),
+        ("300", "n04"),
+    ]
+    assert len(grouped) == 17 and grouped[0]["state"] == "busy 2 s"
