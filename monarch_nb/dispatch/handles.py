@@ -85,8 +85,10 @@ class CellHandle:
 
     @property
     def output(self) -> list[str]:
-        """Every line the cell printed so far, tagged by rank (in a Jupyter kernel)."""
-        return list(getattr(self._sink, "lines_out", []))
+        """The lines the cell printed so far, tagged by rank (in a Jupyter kernel): every one,
+        or the last 64 MiB of them behind a line that says how many came before."""
+        output = getattr(self._sink, "output", None)
+        return output() if output is not None else []
 
     def display_outputs(self) -> None:
         """Show the rich outputs (figures, HTML) the cell produced, tagged by rank."""

@@ -111,9 +111,12 @@ class ConsoleSink:
 class LiveSink:
     """Output of a ``--noblock`` cell in a Jupyter kernel: one display in the cell that started
     it, updated in place by display id (output printed after a cell has finished would be
-    dropped by the frontend). Every line is kept in ``lines``; rich outputs in ``rich``."""
+    dropped by the frontend). The lines are kept in ``lines_out``, the last MAX_KEPT characters
+    of them (1,024 ranks printing 10 MB each would otherwise hold 10 GB in the kernel), how many
+    earlier ones were given up in ``given_up``; rich outputs in ``rich``."""
 
     MAX_SHOWN = 500
+    MAX_KEPT = 64 << 20  # characters of lines kept for handle.output
 
     def __init__(self, kernel_display, title: str):
         self.title = title
@@ -123,12 +126,37 @@ class LiveSink:
         self._dirty = False
         self._last = 0.0
         self._shown_from = 0  # lines before it were cleared from the display (kept in lines_out)
+        self._kept = 0  # characters in lines_out
+        self.given_up = 0  # the earliest lines, past MAX_KEPT
         self._ending: str | None = None
         self._handle = kernel_display({"text/plain": title}, raw=True, display_id=True)
 
     def lines(self, name: str, text: str) -> None:
-        self.lines_out.extend(text.splitlines())
+        self._keep(text.splitlines())
         self._dirty = True
+
+    def _keep(self, lines: list[str]) -> None:
+        """``lines`` kept; past MAX_KEPT characters the earliest go, down to three quarters of
+        it (so that a flood gives lines up in a few large steps), counted in ``given_up``."""
+        self.lines_out.extend(lines)
+        self._kept += sum(map(len, lines))
+        if self._kept <= self.MAX_KEPT:
+            return
+        drop, size = 0, self._kept
+        while size > self.MAX_KEPT * 3 // 4 and drop < len(self.lines_out) - 1:
+            size -= len(self.lines_out[drop])
+            drop += 1
+        del self.lines_out[:drop]
+        self._kept, self.given_up = size, self.given_up + drop
+        self._shown_from = max(self._shown_from - drop, 0)
+
+    def output(self) -> list[str]:
+        """The lines kept, behind one that says how many were given up, if any."""
+        if not self.given_up:
+            return list(self.lines_out)
+        mib = self.MAX_KEPT >> 20
+        note = f"... {_count(self.given_up, 'earlier line')} given up: only the last {mib} MiB kept"
+        return [note, *self.lines_out]
 
     def display(
         self, ranks, data: dict[str, Any], metadata: dict[str, Any], display_id=None, update=False
@@ -140,7 +168,7 @@ class LiveSink:
             return
         self.rich.append((list(ranks), data, metadata, display_id))
         kinds = ", ".join(sorted(data))
-        self.lines_out.append(f"{_tag(ranks)} <{kinds} output: handle.display_outputs() shows it>")
+        self._keep([f"{_tag(ranks)} <{kinds} output: handle.display_outputs() shows it>"])
         self._dirty = True
 
     def progress(self, rank: int, name: str, text: str | None) -> None:
@@ -171,9 +199,12 @@ class LiveSink:
         head = []
         if self._shown_from:
             head = [f"... clear_output() hid {_count(self._shown_from)} (handle.output has all)"]
-        if len(self.lines_out) - self._shown_from > len(shown):
-            hidden = len(self.lines_out) - self._shown_from - len(shown)
-            head.append(f"... {_count(hidden, 'earlier line')} (handle.output has all)")
+        hidden = len(self.lines_out) - self._shown_from - len(shown)
+        if not self._shown_from:
+            hidden += self.given_up
+        if hidden:
+            has = f"the last {self.MAX_KEPT >> 20} MiB" if self.given_up else "all"
+            head.append(f"... {_count(hidden, 'earlier line')} (handle.output has {has})")
         live = [] if final else [f"[rank {r}] {t}" for (r, _), t in sorted(self._progress.items())]
         end = [self._ending] if self._ending else []
         self._handle.update({"text/plain": "\n".join(head + shown + live + end)}, raw=True)

@@ -281,3 +281,27 @@ def test_a_line_that_ranks_print_over_several_windows_stays_one_line(monkeypatch
     now[0] = 1.0  # a second after the first: shown without the ranks still to come
     r.tick()
     assert sink.out == [("stdout", "[ranks 0-6] step 1 done")]
+
+
+def test_a_noblock_cell_that_floods_keeps_its_last_lines_and_says_how_many_went(monkeypatch):
+    monkeypatch.setattr(LiveSink, "MAX_KEPT", 2 << 20)
+    shown = []
+
+    class Handle:
+        def update(self, bundle, raw):
+            shown.append(bundle["text/plain"])
+
+    sink = LiveSink(lambda bundle, raw, display_id: Handle(), "cell on ranks 0-1")
+    r = Renderer([0, 1], sink)
+    line = "x" * 1000
+    for i in range(3000):  # 6 MB from two ranks, against 2 MiB kept
+        r.feed(i % 2, stream([f"{i:04d} {line}"]))
+    r.close()
+    output = sink.output()
+    given_up = sink.given_up
+    assert output[0] == f"... {given_up} earlier lines given up: only the last 2 MiB kept"
+    assert given_up + len(output) - 1 == 3000
+    assert sum(map(len, output[1:])) <= 2 << 20
+    assert output[-1] == f"[rank 1] 2999 {line}"
+    assert output[1] == f"[rank {given_up % 2}] {given_up:04d} {line}"  # none skipped after it
+    assert shown[-1].splitlines()[0] == "... 2500 earlier lines (handle.output has the last 2 MiB)"
