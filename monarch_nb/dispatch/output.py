@@ -197,13 +197,13 @@ class LiveSink:
         self._last, self._dirty = now, False
         shown = self.lines_out[max(self._shown_from, len(self.lines_out) - self.MAX_SHOWN) :]
         head = []
+        has = f"the last {self.MAX_KEPT >> 20} MiB" if self.given_up else "all"
         if self._shown_from:
-            head = [f"... clear_output() hid {_count(self._shown_from)} (handle.output has all)"]
+            head = [f"... clear_output() hid {_count(self._shown_from)} (handle.output has {has})"]
         hidden = len(self.lines_out) - self._shown_from - len(shown)
         if not self._shown_from:
             hidden += self.given_up
         if hidden:
-            has = f"the last {self.MAX_KEPT >> 20} MiB" if self.given_up else "all"
             head.append(f"... {_count(hidden, 'earlier line')} (handle.output has {has})")
         live = [] if final else [f"[rank {r}] {t}" for (r, _), t in sorted(self._progress.items())]
         end = [self._ending] if self._ending else []
