@@ -26,6 +26,25 @@ class KernelProcess:
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
 
+    def interrupted(self, msg_id: str, timeout: float = 30) -> dict:
+        """The reply of ``msg_id``, stopped by the stop button, once its kernel is idle again.
+
+        After an error reply, ipykernel aborts execute requests until its shell thread has
+        flushed its queue; a cell sent the moment the reply arrives can be aborted with it.
+        Its idle status comes after that flush is queued, as a person's next click does.
+        """
+        reply = self.kc.get_shell_msg(timeout=timeout)
+        assert reply["parent_header"]["msg_id"] == msg_id, reply["parent_header"]
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.kc.get_iopub_msg(timeout=max(deadline - time.monotonic(), 0.01))
+            if (
+                msg["parent_header"].get("msg_id") == msg_id
+                and msg["msg_type"] == "status"
+                and msg["content"]["execution_state"] == "idle"
+            ):
+                return reply
+
     def close(self):
         self.kc.stop_channels()
         if self.km.has_kernel:

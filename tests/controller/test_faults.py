@@ -338,8 +338,7 @@ def test_the_kernels_interrupt_stops_the_cell_and_leaves_the_workers_running(ker
     time.sleep(2)  # the cell runs on the ranks
     # JupyterLab's stop button: SIGINT to the kernel's whole process group.
     kernel.km.interrupt_kernel()
-    reply = kernel.kc.get_shell_msg(timeout=30)
-    assert reply["parent_header"]["msg_id"] == msg_id
+    reply = kernel.interrupted(msg_id)
     assert reply["content"]["status"] == "error"
     assert "interrupted" in reply["content"]["evalue"]
     out = kernel.run("%%monarch\nprint('alive', rank)")
@@ -354,8 +353,7 @@ def test_an_interrupted_restart_leaves_workers_the_next_cell_attaches_to(kernel)
     msg_id = kernel.kc.execute("%monarch restart")
     time.sleep(0.5)  # the old workers are going, the new ones starting
     kernel.km.interrupt_kernel()
-    reply = kernel.kc.get_shell_msg(timeout=60)
-    assert reply["parent_header"]["msg_id"] == msg_id
+    reply = kernel.interrupted(msg_id, timeout=60)
     assert reply["content"]["ename"] == "KeyboardInterrupt"
     assert "the next cell attaches to the new ones" in reply["content"]["evalue"]
     time.sleep(3)

@@ -294,11 +294,13 @@ def test_the_stop_button_with_a_stopped_worker_returns_within_seconds(tmp_path, 
         pid = int(out.split("pid", 1)[1].split()[0])
         stop(pid)
         try:
-            kernel.kc.execute("%%monarch\nimport time\nfor _ in range(200):\n    time.sleep(0.05)")
+            msg_id = kernel.kc.execute(
+                "%%monarch\nimport time\nfor _ in range(200):\n    time.sleep(0.05)"
+            )
             time.sleep(1.5)
             start = time.monotonic()
             kernel.km.interrupt_kernel()
-            reply = kernel.kc.get_shell_msg(timeout=30)
+            reply = kernel.interrupted(msg_id)
             # About 2 s, and the live panel's 2 s to collect the metrics; it never returned
             # (the panel asked every worker for its metrics without a bound).
             assert time.monotonic() - start < 7
