@@ -13,6 +13,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from monarch_nb.controller import cluster as clusters
 from monarch_nb.controller import setup_cells
 from monarch_nb.controller import sync as code_sync
 from monarch_nb.dispatch import dispatch, gathering, host_relays, relaying
@@ -33,7 +34,7 @@ RELAY_WITHIN = 15  # seconds for a worker to start its host's relay
 def wait_for_workers(ctl: Controller, n: int, timeout: float) -> dict[str, dict]:
     deadline = time.monotonic() + timeout
     while True:
-        workers = ctl.client.scheduler_info(n_workers=-1)["workers"]
+        workers = clusters.workers(ctl.client)
         if len(workers) >= n:
             return workers
         if time.monotonic() > deadline:
@@ -219,7 +220,7 @@ def replace(
             if not _still_lost(ctl, rank, old):
                 return _taken(ctl, rank, old)
         try:
-            workers = ctl.client.scheduler_info(n_workers=-1)["workers"]
+            workers = clusters.workers(ctl.client)
         except Exception:
             ctl._notice_once(ctl._scheduler_gone())
             return False

@@ -340,6 +340,15 @@ def _quiet_dask_logs() -> None:
         nanny.addFilter(_not_replacing)
 
 
+def workers(client) -> dict[str, dict]:
+    """Every worker the scheduler knows now (address -> its info), asked for this call.
+
+    Not ``client.scheduler_info(n_workers=-1)["workers"]``: that returns the client's cached
+    identity, which its periodic refresh (every 2 s, with no workers) may have replaced
+    between the fresh fetch and the return; a wait saw "0 of 3 workers" that way."""
+    return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+
+
 def scheduler_gone(client, cluster) -> bool:
     """Whether the cluster's scheduler went before the notebook let go of it (the sidebar's
     "Shut down", ``scheduler.close()``, a killed scheduler): the client is reconnecting or

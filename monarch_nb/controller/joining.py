@@ -36,7 +36,7 @@ def wait_for_workers(
     names = {info.name for info in there}
     start, told = time.monotonic(), False
     while True:
-        workers = client.scheduler_info(n_workers=-1)["workers"]
+        workers = clusters.workers(client)
         joined = {
             addr: w
             for addr, w in workers.items()

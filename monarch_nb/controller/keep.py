@@ -18,6 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from monarch_nb import kept, registry
+from monarch_nb.controller import cluster as clusters
 from monarch_nb.controller import hosting, lifecycle
 from monarch_nb.dispatch.targets import format_ranks
 from monarch_nb.errors import ClusterError, current
@@ -120,7 +121,7 @@ def say_busy(client) -> None:
 
 
 def _by_worker(client, results: dict) -> list[tuple[dict, Any]]:
-    workers = client.scheduler_info(n_workers=-1)["workers"]
+    workers = clusters.workers(client)
     return [(workers[a], v) for a, v in results.items() if a in workers]
 
 

@@ -444,7 +444,7 @@ def _retire(ctl: Controller, leaving) -> None:
         ctl.client.retire_workers(workers=sorted(addresses), close_workers=True)
         cluster.scale(ctl.world_size)
     deadline = time.monotonic() + LEAVE_WAIT
-    while addresses & set(ctl.client.scheduler_info(n_workers=-1)["workers"]):
+    while addresses & set(clusters.workers(ctl.client)):
         if time.monotonic() > deadline:
             raise ClusterError(
                 f"the workers of {format_ranks(info.rank for info in leaving)} did not leave "

@@ -57,8 +57,7 @@ MAX_CANCELLED = 1024  # ids of interrupted-before-they-ran requests remembered
 
 _engine: Engine | None = None  # the engine of this worker process, once it has one
 
-# The namespaces of the cells running in this process, latest last, and the __main__ they stand
-# in for (see Engine.as_main).
+# The namespaces of the cells running here, latest last, and the __main__ they stand in for
 _mains: list[types.ModuleType] = []
 _mains_lock = threading.Lock()
 _saved_main: types.ModuleType | None = None
@@ -102,6 +101,7 @@ class Engine:
         self._cancelled: collections.OrderedDict[str, str | None] = collections.OrderedDict()
         self._interrupts: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._released: dict[str, str] = {}  # the running cell, if another rank's failure ended it
+        self._cut: str | None = None  # the running cell, if its interrupt cut its groups too
         self._aloop: asyncio.AbstractEventLoop | None = None
         self.failure = None  # (request id, exception, traceback) of the last failed cell
         self.reloader: rank_autoreload.Reloader | None = None  # %monarch autoreload on
@@ -173,8 +173,10 @@ class Engine:
                     self._interrupts.popitem(last=False)
                 self._interrupts[key] = self._hit(cell_id, sent)
             hit = self._current is not None and self._hit(cell_id, sent) == self._current
-            if release is not None and hit:
+            if hit and release is not None:
                 self._released[self._current] = release
+            elif hit and cut in ("group", "ft"):
+                self._cut = self._current
         if cut in ("group", "ft"):
             rank_release.cut(ft=cut == "ft")
         elif cut == "children":
@@ -295,7 +297,7 @@ class Engine:
             reply = {"status": "error", "error": format_error(e)}
         finally:
             with self._lock:
-                self._current = self._started_at = None
+                self._current = self._started_at = self._cut = None
                 self._interrupt_pending = False
                 released = self._released.pop(cid, None)
             if released is not None and reply["status"] == "error":
@@ -323,9 +325,8 @@ class Engine:
     def _leave_user(self) -> None:
         """Out of user code: no interrupt is raised in the thread from here on, and one raised
         that has not landed yet lands here and is dropped. Never cleared with
-        ``PyThreadState_SetAsyncExc(id, NULL)``: on CPython 3.11 that leaves the interpreter's
-        eval breaker set for good, and a thread that then runs under a profile or trace function
-        (cProfile, a tracer, coverage) spins for ever at its next call."""
+        ``PyThreadState_SetAsyncExc(id, NULL)``: on CPython 3.11 that leaves the eval breaker
+        set for good, and a thread under a profile or trace function spins at its next call."""
         while True:
             try:
                 with self._lock:
@@ -373,6 +374,8 @@ class Engine:
         if not ok:
             debugger.keep_failure(self, msg["id"], value)
             gave_up = rank_release.collective_failure(value)  # its group is formed afresh
+            if gave_up and self._cut == msg["id"]:  # the interrupt's cut ended the wait
+                value = rank_release.as_interrupt(value)
             return {"status": "error", "error": format_error(value), "collective": gave_up}
         if expr is None or silent:
             return {"status": "ok"}

@@ -179,6 +179,14 @@ def collective_failure(exc: BaseException) -> bool:
 _GAVE_UP = ("Timed out", "timed out", "Connection closed", "pair closure", "NCCL", "Socket", "peer")
 
 
+def as_interrupt(exc: BaseException) -> KeyboardInterrupt:
+    """The collective failure ``exc`` that an interrupt's ``cut()`` caused, as the interrupt the
+    user pressed: where the rank waited, not the closed connection. The cut can end the wait
+    before the KeyboardInterrupt raised with it lands (gloo's C code holds that back), which
+    then lands in the engine's own code and is dropped (engine.py's ``_leave_user``)."""
+    return KeyboardInterrupt().with_traceback(exc.__traceback__)
+
+
 def released_error(error: dict[str, Any], reason: str) -> dict[str, Any]:
     """A released rank's error: where it was (the frames of what it raised) and why it
     stopped, not the closed connection or KeyboardInterrupt that stopped it."""

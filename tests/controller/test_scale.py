@@ -92,7 +92,7 @@ def test_grow_to_4_and_shrink_to_2(no_current, cell):
     assert ctl.run(ALL_REDUCE).values() == [(2, 2, 2, True), (2, 2, 2, True)]
     assert ctl.pull("kept").values() == [0, 10]
     assert wait_for(lambda: not running(leaving), timeout=30)
-    assert len(ctl.client.scheduler_info(n_workers=-1)["workers"]) == 2
+    assert len(clusters.workers(ctl.client)) == 2
     assert actors.proc_mesh(ctl).extent == {"hosts": 1, "gpus": 2}
     assert registry.get_entry(ctl.id)["ranks"] == 2
     # Telemetry of the ranks that left stops showing (the panel, the sidebar's route); what
@@ -211,7 +211,7 @@ def test_after_a_failed_grow_and_a_shrink_on_a_busy_loop_every_command_answers(n
     assert [r.getMessage() for r in logged.records] == []
     assert cell.err.splitlines() == [f"UsageError: {cell.error}"]  # one line, no traceback
     assert list(ctl.cluster.worker_spec) == [0, 1] and list(ctl.cluster.workers) == [0, 1]
-    assert len(ctl.client.scheduler_info(n_workers=-1)["workers"]) == 2
+    assert len(clusters.workers(ctl.client)) == 2
     cell("%monarch status")
     assert [row.split()[-2] for row in cell.out.splitlines()[1:]] == ["idle", "idle"]
     assert cell("%%monarch\nrank").values() == [0, 1]
@@ -245,7 +245,7 @@ def test_a_factory_cluster_grows_and_shrinks(no_current, cell, tmp_path):
         "(wait=S waits longer)"
     )
     assert len(ctl.cluster.worker_spec) == 1 and ctl.world_size == 1
-    assert wait_for(lambda: len(ctl.client.scheduler_info(n_workers=-1)["workers"]) == 1)
+    assert wait_for(lambda: len(clusters.workers(ctl.client)) == 1)
     done = ctl.scale(2)
     assert (done.joined, done.left, done.backend) == ((1,), (), "gloo")
     assert ctl.run(ALL_REDUCE).values() == [(2, 2, 2, False), (2, 2, 2, False)]

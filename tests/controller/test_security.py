@@ -17,6 +17,7 @@ import pytest
 from distributed import Client, Security
 
 import monarch_nb
+from monarch_nb.controller import cluster as clusters
 
 ROOT = Path(__file__).parents[2]
 
@@ -73,7 +74,7 @@ def test_tls_cluster_works_and_refuses_plain_tcp(no_current, cell, tmp_path):
     address = ctl.scheduler_address
     assert address.startswith("tls://127.0.0.1:") and f"at {address}" in cell.out
     assert "gloo process group over all ranks" in cell.out
-    workers = ctl.client.scheduler_info(n_workers=-1)["workers"]
+    workers = clusters.workers(ctl.client)
     assert len(workers) == 2 and all(w.startswith("tls://127.0.0.1:") for w in workers)
 
     # Cells, push/pull and the process group, all over TLS.
