@@ -217,6 +217,11 @@ def _shown(e: _Entry) -> list[str]:
     return [f"{_tag(ranks)} {text}\n" for ranks, text in merging.merge(e.texts)]
 
 
+def _size(e: _Entry) -> int:
+    """An entry's characters: its line's, or its display's text and encoded images."""
+    return len(e.text) + sum(len(v) for v in (e.data or {}).values() if isinstance(v, str))
+
+
 def _count(n: int, what: str = "line") -> str:
     return f"{n} {what}" if n == 1 else f"{n} {what}s"
 
@@ -292,7 +297,11 @@ class _Bucket:
 
 
 class Renderer:
-    """Turns rank events (stream, display, progress) into tagged output on a sink."""
+    """Turns rank events (stream, display, progress) into tagged output on a sink. With
+    ``stream=False`` (``--no-stream``) it holds everything to show it grouped at the end, up to
+    MAX_HELD characters; past that it shows what it holds and streams the rest, saying so."""
+
+    MAX_HELD = 64 << 20  # characters a --no-stream cell holds (1,024 ranks x 10 MB: 10 GB)
 
     def __init__(
         self,
@@ -315,6 +324,7 @@ class Renderer:
         self._last_seq: dict[int, int] = {}
         self._seq = 0
         self._held: dict[int, list[_Entry]] = {}  # --no-stream: by rank, of those that wrote
+        self._held_size = 0  # their characters
 
     def feed(self, rank: int, ev: dict[str, Any]) -> None:
         kind = ev["ev"]
@@ -342,9 +352,19 @@ class Renderer:
     def _add(self, rank: int, entry: _Entry) -> None:
         if not self.stream:
             if entry.kind == "clear":
-                self._held.pop(rank, None)
-            else:
-                self._held.setdefault(rank, []).append(entry)
+                self._held_size -= sum(map(_size, self._held.pop(rank, [])))
+                return
+            self._held.setdefault(rank, []).append(entry)
+            self._held_size += _size(entry)
+            if self._held_size <= self.MAX_HELD:
+                return
+            self.sink.lines(
+                "stderr",
+                f"monarch-nb: --no-stream held {self.MAX_HELD >> 20} MiB of output: it is shown "
+                "here, and the rest as it comes\n",
+            )
+            self._show_held()
+            self.stream = True
             return
         if self.shapes and entry.kind == "line":
             entry.key, entry.texts = (entry.name, merging.shape(entry.text)), {rank: entry.text}
@@ -427,9 +447,13 @@ class Renderer:
         if self.stream:
             self.tick(final=True)
             return
-        # --no-stream: one block per group of ranks that printed exactly the same thing.
+        self._show_held()
+        self.sink.refresh(final=True)
+
+    def _show_held(self) -> None:
+        """--no-stream: one block per group of ranks that printed exactly the same thing."""
         groups: dict[tuple, list[int]] = {}
-        held = self._held
+        held, self._held, self._held_size = self._held, {}, 0
         place = {r: i for i, r in enumerate(self.ranks)} if held else {}
         for rank in sorted(held, key=lambda r: place.get(r, len(place))):  # in the ranks' order
             entries = held[rank]
@@ -440,8 +464,7 @@ class Renderer:
                 else:
                     groups[(rank, *key)] = [rank]
         for ranks in groups.values():
-            entries = self._held[ranks[0]]
+            entries = held[ranks[0]]
             for e in entries:
                 e.ranks = ranks
             self._emit(entries)
-        self.sink.refresh(final=True)

@@ -218,7 +218,7 @@ def cell_parser() -> Parser:
         "stream",
         "--no-stream",
         "show output as it happens",
-        "show output when the cell ends, grouped by rank",
+        "show output when the cell ends, grouped by rank (the first 64 MiB)",
     )
     _paired(
         parser,

@@ -305,3 +305,24 @@ def test_a_noblock_cell_that_floods_keeps_its_last_lines_and_says_how_many_went(
     assert output[-1] == f"[rank 1] 2999 {line}"
     assert output[1] == f"[rank {given_up % 2}] {given_up:04d} {line}"  # none skipped after it
     assert shown[-1].splitlines()[0] == "... 2500 earlier lines (handle.output has the last 2 MiB)"
+
+
+def test_a_no_stream_cell_past_its_bound_shows_what_it_held_then_streams(monkeypatch):
+    monkeypatch.setattr(Renderer, "MAX_HELD", 1 << 20)
+    sink = ListSink()
+    r = Renderer([0, 1], sink, stream=False, window=0)
+    line = "y" * 99_990  # with its number, 100 KB
+    r.feed(0, stream([f"{i:03d} {line}" for i in range(4)]))
+    r.feed(1, stream(["only once"]))
+    r.feed(0, clear())  # what a rank cleared stops counting
+    r.feed(0, stream([f"{i:03d} {line}" for i in range(4, 8)]))
+    assert sink.out == []
+    r.feed(1, stream([f"{i:03d} {line}" for i in range(8, 16)]))  # past 1 MiB at the 7th
+    note = "monarch-nb: --no-stream held 1 MiB of output: it is shown here, and the rest as it"
+    assert sink.out[0] == ("stderr", note + " comes")
+    held = [f"[rank 0] {i:03d} {line}" for i in range(4, 8)]  # grouped by rank, as at the end
+    held += ["[rank 1] only once"] + [f"[rank 1] {i:03d} {line}" for i in range(8, 15)]
+    r.feed(0, stream(["after"]))
+    r.close()
+    shown = [text for _, text in sink.out[1:]]
+    assert shown == [*held, f"[rank 1] 015 {line}", "[rank 0] after"]
