@@ -25,6 +25,9 @@ COLLAPSE_WINDOW = 0.2  # seconds a line waits for the same line from the other r
 # from the first: 64 ranks on a busy machine print the same line over more than one window
 HOLD_WINDOWS = 5
 HOLD_MIN = 1.0
+# characters of a cell's lines the kernel holds for it, --noblock or --no-stream: 1,024 ranks
+# printing 10 MB each would otherwise be 10 GB
+OUTPUT_BOUND = 64 << 20
 PROGRESS_REFRESH = 0.25
 
 
@@ -112,11 +115,10 @@ class LiveSink:
     """Output of a ``--noblock`` cell in a Jupyter kernel: one display in the cell that started
     it, updated in place by display id (output printed after a cell has finished would be
     dropped by the frontend). The lines are kept in ``lines_out``, the last MAX_KEPT characters
-    of them (1,024 ranks printing 10 MB each would otherwise hold 10 GB in the kernel), how many
-    earlier ones were given up in ``given_up``; rich outputs in ``rich``."""
+    of them, how many earlier ones were given up in ``given_up``; rich outputs in ``rich``."""
 
     MAX_SHOWN = 500
-    MAX_KEPT = 64 << 20  # characters of lines kept for handle.output
+    MAX_KEPT = OUTPUT_BOUND  # characters of lines kept for handle.output
 
     def __init__(self, kernel_display, title: str):
         self.title = title
@@ -301,7 +303,7 @@ class Renderer:
     ``stream=False`` (``--no-stream``) it holds everything to show it grouped at the end, up to
     MAX_HELD characters; past that it shows what it holds and streams the rest, saying so."""
 
-    MAX_HELD = 64 << 20  # characters a --no-stream cell holds (1,024 ranks x 10 MB: 10 GB)
+    MAX_HELD = OUTPUT_BOUND  # characters a --no-stream cell holds
 
     def __init__(
         self,
@@ -456,13 +458,12 @@ class Renderer:
         held, self._held, self._held_size = self._held, {}, 0
         place = {r: i for i, r in enumerate(self.ranks)} if held else {}
         for rank in sorted(held, key=lambda r: place.get(r, len(place))):  # in the ranks' order
-            entries = held[rank]
-            if entries:
-                key = tuple((e.kind, e.name, e.text, id(e.data)) for e in entries)
-                if all(e.kind == "line" for e in entries) and self.collapse:
-                    groups.setdefault(key, []).append(rank)
-                else:
-                    groups[(rank, *key)] = [rank]
+            entries = held[rank]  # never empty: a rank's clear_output() takes its list away
+            key = tuple((e.kind, e.name, e.text, id(e.data)) for e in entries)
+            if all(e.kind == "line" for e in entries) and self.collapse:
+                groups.setdefault(key, []).append(rank)
+            else:
+                groups[(rank, *key)] = [rank]
         for ranks in groups.values():
             entries = held[ranks[0]]
             for e in entries:
